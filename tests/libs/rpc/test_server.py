@@ -1,0 +1,118 @@
+"""Standard gRPC health and reflection over loopback, and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.rpc.channel import open_channel
+from libs.rpc.options import RpcOptions
+from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
+
+WORKER = "cleave.worker.v1.Worker"
+
+pytestmark = pytest.mark.anyio
+
+
+class SlowWorker(worker_pb2_grpc.WorkerServicer):
+    async def GetInfo(
+        self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        await asyncio.sleep(0.5)
+        return worker_pb2.WorkerInfo(model="done")
+
+
+def make_server(**config: object) -> GrpcServer:
+    binding = ServiceBinding(WORKER, SlowWorker(), worker_pb2_grpc.add_WorkerServicer_to_server)
+    return GrpcServer(ServerConfig(**config), [binding])  # type: ignore[arg-type]
+
+
+async def check(address: str, service: str) -> int:
+    async with open_channel(address) as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service)
+        )
+        return int(response.status)
+
+
+async def test_health_serving_for_server_and_service() -> None:
+    server = make_server()
+    await server.start()
+    try:
+        assert await check(server.address, "") == health_pb2.HealthCheckResponse.SERVING
+        assert await check(server.address, WORKER) == health_pb2.HealthCheckResponse.SERVING
+        await server.set_serving(False)
+        assert await check(server.address, WORKER) == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await server.stop()
+
+
+async def test_unknown_service_is_not_found() -> None:
+    server = make_server()
+    await server.start()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await check(server.address, "cleave.nope.v1.Nope")
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await server.stop()
+
+
+async def test_reflection_lists_services() -> None:
+    server = make_server()
+    await server.start()
+    try:
+        async with open_channel(server.address) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            responses = [r async for r in stub.ServerReflectionInfo(iter([request]))]
+        names = {s.name for s in responses[0].list_services_response.service}
+        assert {WORKER, "grpc.health.v1.Health"} <= names
+    finally:
+        await server.stop()
+
+
+async def test_graceful_stop_drains_in_flight_calls() -> None:
+    server = make_server(shutdown_grace_s=5.0)
+    await server.start()
+    async with open_channel(server.address) as channel:
+        call = worker_pb2_grpc.WorkerStub(channel).GetInfo(worker_pb2.GetInfoRequest())
+        await asyncio.sleep(0.1)  # the call is in flight
+        stopping = asyncio.create_task(server.stop())
+        info = await call
+        await stopping
+    assert info.model == "done"
+
+
+async def test_large_messages_pass_within_limit_and_fail_beyond() -> None:
+    server = make_server(rpc=RpcOptions(max_message_bytes=8 * 1024 * 1024))
+    await server.start()
+    try:
+        async with open_channel(server.address, RpcOptions(max_message_bytes=64 * 1024 * 1024)) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            # 6 MiB exceeds gRPC's 4 MiB default but fits the configured 8 MiB.
+            fits = worker_pb2.GetInfoRequest()
+            fits.ParseFromString(b"\x0a" + _varint(6 * 1024 * 1024) + b"x" * (6 * 1024 * 1024))
+            assert (await stub.GetInfo(fits)).model == "done"
+            too_big = worker_pb2.GetInfoRequest()
+            too_big.ParseFromString(b"\x0a" + _varint(9 * 1024 * 1024) + b"x" * (9 * 1024 * 1024))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.GetInfo(too_big)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
