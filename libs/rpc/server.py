@@ -95,13 +95,15 @@ class GrpcServer:
         await self._server.wait_for_termination()
 
 
-async def serve_until_signal(server: GrpcServer) -> None:
+async def serve_until_signal(server: GrpcServer, on_started: Callable[[], None] | None = None) -> None:
     """Starts the server and runs until SIGINT/SIGTERM, then stops it gracefully."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await server.start()
+    if on_started is not None:
+        on_started()
     await stop.wait()
     log.info("shutdown requested")
     await server.stop()

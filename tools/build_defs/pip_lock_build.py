@@ -95,7 +95,7 @@ def main(site_arg: str, build_arg: str) -> None:
         "",
     ]
     for cycle_edge in dropped:
-        out.append("# dependency cycle: dropped edge %s -> %s" % cycle_edge)
+        out.append("# dependency cycle: dropped edge {} -> {}".format(*cycle_edge))
     for key in sorted(dists):
         name, _deps, files, dist_info_name = dists[key]
         patterns, exact, excludes = set(), set(), set()
@@ -105,16 +105,16 @@ def main(site_arg: str, build_arg: str) -> None:
             if "/" not in f or shared:
                 exact.add("site/" + f)
             elif top != dist_info_name:
-                patterns.add("site/%s/**" % top)
+                patterns.add(f"site/{top}/**")
         for pattern in patterns:
             excludes.update(unsafe_files_under(site, pattern[len("site/") : -len("/**")]))
-        patterns.add("site/%s/**" % dist_info_name)
+        patterns.add(f"site/{dist_info_name}/**")
         exact = {p for p in exact if (site.parent / p).exists()}
-        out.append("# %s" % name)
+        out.append(f"# {name}")
         out.append("py_library(")
-        out.append('    name = "%s",' % key)
+        out.append(f'    name = "{key}",')
         out.append(
-            "    data = glob(%r, exclude = %r) + %r," % (sorted(patterns), sorted(excludes), sorted(exact))
+            f"    data = glob({sorted(patterns)!r}, exclude = {sorted(excludes)!r}) + {sorted(exact)!r},"
         )
         out.append('    imports = ["site"],')
         out.append("    deps = %r," % [":" + d for d in edges[key]])

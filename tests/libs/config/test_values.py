@@ -66,7 +66,7 @@ def test_numbers_and_choices() -> None:
         parse_positive_int("--max-num-seqs", 0)
     with pytest.raises(ConfigError, match="an integer"):
         parse_positive_int("--max-num-seqs", "many")
-    with pytest.raises(ConfigError, match="0..65535"):
+    with pytest.raises(ConfigError, match=r"0\.\.65535"):
         parse_port("--port", 70000)
     with pytest.raises(ConfigError, match="one of 'prefill', 'decode', 'both'"):
         parse_choice("--role", "encode", ["prefill", "decode", "both"])

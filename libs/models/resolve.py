@@ -1,0 +1,92 @@
+"""Turn what a user asked for (a name or a local path) into a loadable HF-format folder."""
+
+from pathlib import Path
+
+import structlog
+
+from libs.models import gguf_cache
+from libs.models.builtin import BUILTIN_MODELS
+from libs.models.errors import ModelNotFoundError
+from libs.models.spec import ModelOrigin, ResolvedModel
+
+log = structlog.get_logger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+
+
+def resolve_model(model: str, cache_dir: Path, progress: bool = True) -> ResolvedModel:
+    """Resolve `model` to a local Hugging Face-format folder, converting GGUF files once.
+
+    `model` is, checked in this order:
+      - a built-in name (``"smollm2"``, the default model): its packaged GGUF is converted;
+        to use a local folder that happens to share the name, pass it as ``./smollm2``;
+      - a local HF folder containing config.json: used as is;
+      - a local GGUF file: converted into a bf16 safetensors folder under `cache_dir`,
+        reused on later calls.
+    Anything else raises ModelNotFoundError. Nothing is ever downloaded from a model hub.
+    `progress` shows a progress bar on stderr while converting.
+    """
+    builtin = BUILTIN_MODELS.get(model)
+    if builtin is not None:
+        gguf_path = builtin.locate_gguf()
+        folder = gguf_cache.ensure_converted(gguf_path, cache_dir, progress)
+        return _resolved(model, folder, builtin.name, ModelOrigin.BUILTIN, gguf_path)
+
+    if not model.strip():
+        raise _not_found(model, "the name is empty")
+    candidate = Path(model).expanduser().resolve()
+    if candidate.is_dir():
+        if not (candidate / "config.json").is_file():
+            raise _not_found(model, f"the folder {candidate} has no config.json")
+        return _resolved(model, candidate, candidate.name, ModelOrigin.HF_FOLDER, candidate)
+    if candidate.is_file():
+        if not _has_gguf_magic(candidate):
+            problem = (
+                f"the file {candidate} does not start with the GGUF magic bytes (corrupt or not GGUF)"
+                if candidate.suffix == ".gguf"
+                else f"the file {candidate} is not a GGUF file (for a Hugging Face model pass its folder)"
+            )
+            raise _not_found(model, problem)
+        folder = gguf_cache.ensure_converted(candidate, cache_dir, progress)
+        return _resolved(model, folder, candidate.stem, ModelOrigin.GGUF_FILE, candidate)
+
+    problem = f"no file or folder exists at {candidate}"
+    if _looks_like_hub_id(model):
+        problem += " (it looks like a model hub id, but hub ids are not supported)"
+    raise _not_found(model, problem)
+
+
+def _resolved(
+    requested: str, folder: Path, served_name: str, origin: ModelOrigin, source: Path
+) -> ResolvedModel:
+    resolved = ResolvedModel(path=folder, served_name=served_name, origin=origin, source=source)
+    log.info(
+        "models.resolved",
+        requested=requested,
+        path=str(folder),
+        served_name=served_name,
+        origin=origin.value,
+        source=str(source),
+    )
+    return resolved
+
+
+def _not_found(model: str, problem: str) -> ModelNotFoundError:
+    names = ", ".join(repr(name) for name in sorted(BUILTIN_MODELS))
+    return ModelNotFoundError(
+        f"Cannot use model {model!r}: {problem}. Expected a built-in model name ({names}), "
+        "a local Hugging Face model folder containing config.json (with safetensors weights and "
+        "tokenizer files), or a local .gguf file. Models are never downloaded from a hub: "
+        "download it yourself and pass the local path."
+    )
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    with path.open("rb") as file:
+        return file.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+
+
+def _looks_like_hub_id(model: str) -> bool:
+    # "org/name" with no other path syntax, e.g. "HuggingFaceTB/SmolLM2-135M-Instruct".
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))

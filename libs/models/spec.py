@@ -1,0 +1,29 @@
+"""What a resolved model is: a local Hugging Face-format folder ready for vLLM or transformers."""
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+# The model a deployment gets when it names none: small enough to run on any CPU.
+DEFAULT_MODEL = "smollm2"
+
+
+class ModelOrigin(enum.Enum):
+    """Where the folder in a `ResolvedModel` came from."""
+
+    BUILTIN = "builtin"  # a name shipped with Cleave, converted from a packaged GGUF file
+    HF_FOLDER = "hf_folder"  # a local Hugging Face folder, used as is
+    GGUF_FILE = "gguf_file"  # a local .gguf file, converted once into the cache
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model ready to load: every consumer reads `path` and nothing else."""
+
+    # HF-format folder: config.json, *.safetensors weights, tokenizer files, generation_config.json.
+    path: Path
+    # The name clients use to address the model (OpenAI "model" field) and logs show.
+    served_name: str
+    origin: ModelOrigin
+    # What was actually read: the folder itself, or the .gguf file that `path` was converted from.
+    source: Path

@@ -1,0 +1,98 @@
+"""The engine seam: what the worker needs from an inference engine, engine-agnostic.
+
+VllmEngine (vllm_engine.py) is the real one; tests of the worker's logic use a fake with the
+same protocol. Outputs are deltas: each step carries only the new tokens of each sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    logprob: float
+    rank: int
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class SequenceDelta:
+    index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None  # "stop", "length", "abort"
+    stop_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    sequences: tuple[SequenceDelta, ...]
+    finished: bool
+    num_prompt_tokens: int = 0
+    # Prompt tokens whose KV was not computed by this request (prefix cache or transfer).
+    num_cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+    # One entry per prompt token (None for the first), only on the first step.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model: str
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    kv_cache_dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_kv_blocks: int
+    engine_id: str  # KV-transfer identity; empty when the engine transfers no KV
+    engine_version: str
+    model_fingerprint: str
+
+
+@dataclass
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_local_cache_hit: int = 0
+    prompt_tokens_external: int = 0
+    requests_finished: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: dict[str, Any],
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> AsyncIterator[EngineStep]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def release_handoff(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+        """Decode side: tell the prefill engine to free KV that will not be pulled."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,82 @@
+"""WorkerConfig -> vLLM engine arguments and process environment (pure functions).
+
+vLLM reads some settings only from environment variables (CPU KV space, thread binding,
+the NIXL side channel). Libraries here never touch os.environ: the service's entry point
+applies `engine_environment()` before it imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from libs.worker.config import Device, Role, WorkerConfig
+
+_KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
+
+
+def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
+    """Keyword arguments for vllm.engine.arg_utils.AsyncEngineArgs."""
+    kwargs: dict[str, Any] = {
+        "model": str(config.model_path),
+        "served_model_name": config.served_model_name,
+        # Cleave's tokenizer service owns text; engines see token ids only.
+        "skip_tokenizer_init": True,
+        "max_model_len": config.max_model_len,
+        "max_num_seqs": config.max_num_seqs,
+        "enforce_eager": config.enforce_eager,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "generation_config": config.generation_config,
+        "seed": config.seed,
+        # Cleave's stats come from vLLM's stat loggers, which only run with stats on.
+        "disable_log_stats": False,
+        "enable_prefix_caching": True,
+    }
+    if config.device is Device.CPU:
+        kwargs["dtype"] = "bfloat16"
+    if config.block_size is not None:
+        kwargs["block_size"] = config.block_size
+    if config.max_seq_len_to_capture is not None:
+        kwargs["max_cudagraph_capture_size"] = config.max_seq_len_to_capture
+    additional: dict[str, Any] = {}
+    if config.override_qaic_config:
+        additional["override_qaic_config"] = dict(config.override_qaic_config)
+    if config.device is Device.QAIC and config.device_group:
+        # Passed through for the QAIC platform plugin; Cleave does not interpret it there.
+        additional["device_group"] = list(config.device_group)
+    if additional:
+        # vLLM hands additional_config to the platform plugin; only the QAIC plugin acts on
+        # these keys, the CPU and CUDA platforms ignore them.
+        kwargs["additional_config"] = additional
+    if config.speculative_config:
+        kwargs["speculative_config"] = json.loads(config.speculative_config)
+    if config.role in _KV_ROLES:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "NixlConnector",
+            "kv_role": _KV_ROLES[config.role],
+            "kv_buffer_device": "cpu" if config.device is Device.CPU else "cuda",
+            "kv_connector_extra_config": {"kv_lease_duration": config.kv_lease_s},
+        }
+    return kwargs
+
+
+def engine_environment(config: WorkerConfig) -> dict[str, str]:
+    """Environment variables vLLM must see before the engine starts."""
+    env = {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": config.kv_host,
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(config.kv_port),
+        # Prefix-cache and KV-chunk hashes must agree across processes (field note 5).
+        "PYTHONHASHSEED": "0",
+    }
+    group = ",".join(str(i) for i in config.device_group)
+    if config.device is Device.CPU:
+        env["VLLM_CPU_KVCACHE_SPACE"] = _gib(config.cpu_kv_cache_gib)
+        if group:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = group
+    elif config.device is Device.CUDA and group:
+        env["CUDA_VISIBLE_DEVICES"] = group
+    return env
+
+
+def _gib(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

@@ -1,0 +1,26 @@
+"""Prometheus metrics of a worker (process-wide, like every prometheus_client metric)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from libs.observability.metrics import RPC_BUCKETS_S, TTFT_BUCKETS_S
+
+PREFILL_SECONDS = Histogram(
+    "cleave_worker_prefill_seconds", "Prefill time: prompt KV and the first token", buckets=TTFT_BUCKETS_S
+)
+LOCAL_PREFILLS = Counter(
+    "cleave_worker_local_prefills_total",
+    "Decode-role requests that computed their prompt locally (no handoff)",
+)
+REQUESTS = Counter("cleave_worker_requests_total", "Worker RPCs by method and outcome", ["method", "outcome"])
+RPC_SECONDS = Histogram(
+    "cleave_worker_rpc_seconds", "Worker RPC duration by method", ["method"], buckets=RPC_BUCKETS_S
+)
+KV_CACHE_USAGE = Gauge("cleave_worker_kv_cache_usage", "Fraction of KV cache blocks in use")
+PROMPT_TOKENS = Gauge(
+    "cleave_worker_prompt_tokens",
+    "Cumulative prompt tokens by source (computed, local_cache_hit, external)",
+    ["source"],
+)
+LEASED_HANDOFFS = Gauge("cleave_worker_leased_handoffs", "Prefilled requests whose KV awaits a decode worker")

