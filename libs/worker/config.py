@@ -35,6 +35,8 @@ class WorkerConfig:
     # qaic_disagg's --*-max-seq-len-to-capture; vLLM 0.32 calls it max_cudagraph_capture_size.
     max_seq_len_to_capture: int | None = None
     kv_cache_dtype: str = "auto"
+    # Weights/activations dtype; "auto" = bfloat16 on CPU (vLLM's CPU default), the model's own elsewhere.
+    dtype: str = "auto"
     # CPU only: GiB of KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE).
     cpu_kv_cache_gib: float = 1.0
     block_size: int | None = None

@@ -32,7 +32,9 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         "disable_log_stats": False,
         "enable_prefix_caching": True,
     }
-    if config.device is Device.CPU:
+    if config.dtype != "auto":
+        kwargs["dtype"] = config.dtype
+    elif config.device is Device.CPU:
         kwargs["dtype"] = "bfloat16"
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size

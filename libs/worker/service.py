@@ -68,7 +68,7 @@ class WorkerService:
             raise WrongRole(f"Prefill needs a prefill worker; this one is {self._config.role.value}")
         request_id = request.metadata.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_token_ids)
-        self._validate(prompt)
+        self._validate(request.metadata, prompt)
         # The prefill computes the prompt and samples one token; decode produces the output.
         sampling = sampling_kwargs(request.sampling, max_tokens=1)
         sampling["n"] = 1
@@ -114,7 +114,7 @@ class WorkerService:
             raise WrongRole("Generate needs a decode or both worker; this one is prefill")
         request_id = request.metadata.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_token_ids)
-        self._validate(prompt)
+        self._validate(request.metadata, prompt)
         max_tokens = resolve_max_tokens(
             request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None,
             prompt_len=len(prompt),
@@ -217,8 +217,12 @@ class WorkerService:
         )
 
     # -- helpers -----------------------------------------------------------------------------
-    def _validate(self, prompt: list[int]) -> None:
+    def _validate(self, metadata: common_pb2.RequestMetadata, prompt: list[int]) -> None:
         info = self._engine.info
+        if metadata.model and metadata.model != self._config.served_model_name:
+            raise InvalidRequest(
+                f"model {metadata.model!r} is not served here; this worker serves {self._config.served_model_name!r}"
+            )
         validate_prompt(prompt, vocab_size=info.vocab_size, max_model_len=info.max_model_len)
 
     async def _run(

@@ -31,6 +31,7 @@ class WorkerProcessConfig:
     max_num_seqs: int
     max_seq_len_to_capture: int | None
     kv_cache_dtype: str
+    dtype: str
     cpu_kv_cache_gib: float
     block_size: int | None
     override_qaic_config: tuple[tuple[str, str], ...]
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-num-seqs", type=int, default=8)
     add("--max-seq-len-to-capture", type=int, default=None)
     add("--kv-cache-dtype", default="auto")
+    add("--dtype", default="auto", help="model dtype: auto (bfloat16 on CPU), bfloat16, float16, float32")
     add("--cpu-kv-cache-gib", type=float, default=1.0)
     add("--block-size", type=int, default=None)
     add("--override-qaic-config", default="", help="'k:v k:v', passed to the QAIC platform plugin")
@@ -97,6 +99,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerProcessConfig:
         max_num_seqs=args.max_num_seqs,
         max_seq_len_to_capture=args.max_seq_len_to_capture,
         kv_cache_dtype=args.kv_cache_dtype,
+        dtype=args.dtype,
         cpu_kv_cache_gib=args.cpu_kv_cache_gib,
         block_size=args.block_size,
         override_qaic_config=parse_key_values("--override-qaic-config", args.override_qaic_config),

@@ -40,6 +40,7 @@ def worker_config(process: WorkerProcessConfig) -> WorkerConfig:
         max_num_seqs=process.max_num_seqs,
         max_seq_len_to_capture=process.max_seq_len_to_capture,
         kv_cache_dtype=process.kv_cache_dtype,
+        dtype=process.dtype,
         cpu_kv_cache_gib=process.cpu_kv_cache_gib,
         block_size=process.block_size,
         override_qaic_config=process.override_qaic_config,

@@ -26,23 +26,44 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def read_distribution(dist_info: Path) -> tuple[str, list[str], list[str]]:
+def read_distribution(dist_info: Path) -> tuple[str, list[Requirement], list[str]]:
     metadata = HeaderParser().parsestr((dist_info / "METADATA").read_text(encoding="utf-8", errors="replace"))
-    requires = metadata.get_all("Requires-Dist") or []
-    deps = []
-    for line in requires:
+    requires = []
+    for line in metadata.get_all("Requires-Dist") or []:
         try:
-            req = Requirement(line)
+            requires.append(Requirement(line))
         except InvalidRequirement:
             continue
-        if req.marker is None or req.marker.evaluate({"extra": ""}):
-            deps.append(normalize(req.name))
     files = []
     record = dist_info / "RECORD"
     if record.exists():
         with record.open(newline="", encoding="utf-8") as handle:
             files = [row[0] for row in csv.reader(handle) if row]
-    return metadata["Name"], deps, files
+    return metadata["Name"], requires, files
+
+
+def resolve_deps(key: str, requires: dict[str, list[Requirement]]) -> set[str]:
+    """Names a distribution needs: its unconditional requirements plus, for a requirement
+    with extras (vllm -> fastapi[standard] -> uvicorn[standard] -> uvloop), what those
+    extras pull in, recursively. The extras' packages become deps of the requirer, since a
+    py_library cannot be parameterized by extras."""
+    found: set[str] = set()
+    pending: list[tuple[str, frozenset[str]]] = [(key, frozenset([""]))]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while pending:
+        name, extras = pending.pop()
+        if (name, extras) in seen or name not in requires:
+            continue
+        seen.add((name, extras))
+        for req in requires[name]:
+            if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras):
+                continue
+            dep = normalize(req.name)
+            found.add(dep)
+            if req.extras:
+                pending.append((dep, frozenset(req.extras) | {""}))
+    found.discard(key)
+    return found
 
 
 def _script_path(record_path: str) -> str:
@@ -77,16 +98,17 @@ def main(site_arg: str, build_arg: str) -> None:
     dists = {}
     owners: dict[str, set[str]] = {}
     for dist_info in sorted(site.glob("*.dist-info")):
-        name, deps, files = read_distribution(dist_info)
+        name, requires, files = read_distribution(dist_info)
         key = normalize(name)
         files = [_script_path(f) for f in files]
         files = [f for f in files if not f.startswith("..") and _SAFE_PATH.match(f)]
-        dists[key] = (name, deps, files, dist_info.name)
+        dists[key] = (name, requires, files, dist_info.name)
         for f in files:
             if "/" in f:
                 owners.setdefault(f.split("/", 1)[0], set()).add(key)
 
-    edges = {k: sorted({d for d in v[1] if d in dists and d != k}) for k, v in dists.items()}
+    all_requires = {k: v[1] for k, v in dists.items()}
+    edges = {k: sorted(d for d in resolve_deps(k, all_requires) if d in dists) for k in dists}
     dropped = break_cycles(edges)
 
     out = [

@@ -1,0 +1,79 @@
+"""One DetokenizeStream per generated sequence: token ids in, text deltas out, stop strings
+detected by the tokenizer service across token boundaries."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc.aio
+
+from cleave.common.v1 import common_pb2
+from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+
+
+@dataclass(frozen=True)
+class DetokenizedText:
+    text: str
+    stopped: bool = False  # a stop string matched: the sequence is over
+    complete: bool = False
+
+
+class SequenceDetokenizer:
+    def __init__(
+        self,
+        stub: tokenizer_pb2_grpc.TokenizerStub,
+        *,
+        request_id: str,
+        prompt_tail: Sequence[int],
+        stops: Sequence[str],
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self._requests: asyncio.Queue[tokenizer_pb2.DetokenizeStreamRequest | None] = asyncio.Queue()
+        start = tokenizer_pb2.DetokenizeStart(
+            metadata=common_pb2.RequestMetadata(request_id=request_id),
+            prompt_tail_token_ids=list(prompt_tail),
+            stop=list(stops),
+            skip_special_tokens=skip_special_tokens,
+        )
+        self._requests.put_nowait(tokenizer_pb2.DetokenizeStreamRequest(start=start))
+        self._call = stub.DetokenizeStream(self._request_iterator())
+        self.done = False
+
+    async def _request_iterator(self):  # type: ignore[no-untyped-def]
+        while True:
+            item = await self._requests.get()
+            if item is None:
+                return
+            yield item
+
+    async def feed(self, token_ids: Sequence[int]) -> DetokenizedText:
+        """Text for these tokens (possibly empty while held back)."""
+        self._requests.put_nowait(
+            tokenizer_pb2.DetokenizeStreamRequest(tokens=tokenizer_pb2.TokenBatch(token_ids=token_ids))
+        )
+        return await self._read()
+
+    async def finish(self) -> DetokenizedText:
+        """Flushes held-back text at the end of the sequence."""
+        self._requests.put_nowait(tokenizer_pb2.DetokenizeStreamRequest(finish=True))
+        return await self._read()
+
+    async def _read(self) -> DetokenizedText:
+        response = await self._call.read()
+        if response is grpc.aio.EOF:
+            self.done = True
+            raise RuntimeError("detokenizer stream ended without a complete message")
+        kind = response.WhichOneof("kind")
+        if kind == "delta":
+            return DetokenizedText(response.delta.text)
+        self.done = True
+        self._requests.put_nowait(None)
+        if kind == "complete":
+            return DetokenizedText(response.complete.text, stopped=response.complete.stopped, complete=True)
+        raise RuntimeError(f"detokenizer error: {response.error.message}")
+
+    def close(self) -> None:
+        self._requests.put_nowait(None)
+        self._call.cancel()

@@ -1,0 +1,24 @@
+"""Gateway Prometheus metrics: per-stage latency, TTFT, inter-token latency, outcomes."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from libs.observability.metrics import E2E_BUCKETS_S, ITL_BUCKETS_S, TOKEN_COUNT_BUCKETS, TTFT_BUCKETS_S
+
+REQUESTS = Counter(
+    "cleave_gateway_requests_total", "HTTP requests by endpoint and status", ["endpoint", "status"]
+)
+TTFT_SECONDS = Histogram("cleave_gateway_ttft_seconds", "Time to first token", buckets=TTFT_BUCKETS_S)
+ITL_SECONDS = Histogram("cleave_gateway_itl_seconds", "Time between streamed tokens", buckets=ITL_BUCKETS_S)
+E2E_SECONDS = Histogram(
+    "cleave_gateway_e2e_seconds", "Request latency, first byte in to last byte out", buckets=E2E_BUCKETS_S
+)
+STAGE_SECONDS = Histogram(
+    "cleave_gateway_stage_seconds", "Latency of each stage", ["stage"], buckets=TTFT_BUCKETS_S
+)
+PROMPT_TOKENS = Histogram("cleave_gateway_prompt_tokens", "Prompt length", buckets=TOKEN_COUNT_BUCKETS)
+COMPLETION_TOKENS = Histogram(
+    "cleave_gateway_completion_tokens", "Completion length", buckets=TOKEN_COUNT_BUCKETS
+)
+RETRIES = Counter("cleave_gateway_retries_total", "Retries by stage", ["stage"])

@@ -1,0 +1,228 @@
+"""The request path behind the OpenAI API: prefill (with retry on another worker) -> KV
+handoff -> decode stream -> per-sequence detokenization -> events for the HTTP layer.
+
+Colocated (`both`) workers skip the prefill hop. Cancellation (the client went away) cancels
+the gRPC calls, which makes each worker abort the request and free its KV; a handoff whose
+decode never started is released through a decode worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+import structlog
+
+from cleave.common.v1 import common_pb2
+from cleave.tokenizer.v1 import tokenizer_pb2_grpc
+from cleave.worker.v1 import worker_pb2
+from libs.gateway import errors, metrics
+from libs.gateway.detokenize import SequenceDetokenizer
+from libs.gateway.pool import Endpoint, WorkerPool
+from libs.gateway.routing import RoutingPolicy
+
+log = structlog.get_logger(__name__)
+
+# Prefill failures that another worker may not have (the worker is down or restarting).
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL}
+_FINISH = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_ABORT: "abort",
+}
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    request_id: str
+    model: str
+    prompt_token_ids: list[int]
+    sampling: common_pb2.SamplingParams
+    stops: list[str]
+
+
+@dataclass
+class SequenceEvent:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Finished:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+
+
+class MidStreamError(Exception):
+    """A worker failed after tokens were sent: the client gets an error event, not a hang."""
+
+
+class Pipeline:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        tokenizer: tokenizer_pb2_grpc.TokenizerStub,
+        prefill_policy: RoutingPolicy,
+        decode_policy: RoutingPolicy,
+        *,
+        prefill_attempts: int = 2,
+        rpc_timeout_s: float = 600.0,
+    ) -> None:
+        self._pool = pool
+        self._tokenizer = tokenizer
+        self._prefill_policy = prefill_policy
+        self._decode_policy = decode_policy
+        self._prefill_attempts = prefill_attempts
+        self._timeout = rpc_timeout_s
+
+    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        decoders = self._pool.healthy("decode")
+        if not decoders:
+            colocated = self._pool.healthy("both")
+            if not colocated:
+                raise errors.no_workers("decode")
+            async for event in self._generate(
+                spec, self._decode_policy.pick(colocated, spec.prompt_token_ids), None
+            ):
+                yield event
+            return
+        handoff = await self._prefill(spec)
+        decode = self._decode_policy.pick(decoders, spec.prompt_token_ids)
+        async for event in self._generate(spec, decode, handoff):
+            yield event
+
+    async def _prefill(self, spec: GenerationSpec) -> worker_pb2.KvHandoff:
+        request = worker_pb2.PrefillRequest(
+            metadata=common_pb2.RequestMetadata(request_id=spec.request_id, model=spec.model),
+            prompt_token_ids=spec.prompt_token_ids,
+            sampling=spec.sampling,
+        )
+        tried: set[str] = set()
+        for attempt in range(self._prefill_attempts):
+            candidates = [e for e in self._pool.healthy("prefill") if e.address not in tried]
+            if not candidates:
+                break
+            endpoint = self._prefill_policy.pick(candidates, spec.prompt_token_ids)
+            tried.add(endpoint.address)
+            endpoint.in_flight += 1
+            try:
+                with metrics.STAGE_SECONDS.labels("prefill").time():
+                    response = await endpoint.stub.Prefill(request, timeout=self._timeout)
+            except grpc.aio.AioRpcError as error:
+                if error.code() in _RETRYABLE:
+                    self._pool.eject(endpoint, f"prefill failed: {error.code().name}")
+                    metrics.RETRIES.labels("prefill").inc()
+                    log.warning(
+                        "prefill failed; retrying elsewhere", address=endpoint.address, attempt=attempt
+                    )
+                    continue
+                raise _api_error(error) from error
+            finally:
+                endpoint.in_flight -= 1
+            if not response.HasField("handoff"):
+                # EOS came first: vLLM kept no KV. Decode computes the prompt itself (counted).
+                return worker_pb2.KvHandoff()
+            return response.handoff
+        raise errors.no_workers("prefill")
+
+    async def _generate(
+        self, spec: GenerationSpec, endpoint: Endpoint, handoff: worker_pb2.KvHandoff | None
+    ) -> AsyncIterator[SequenceEvent | Finished]:
+        request = worker_pb2.GenerateRequest(
+            metadata=common_pb2.RequestMetadata(request_id=spec.request_id, model=spec.model),
+            prompt_token_ids=spec.prompt_token_ids,
+            sampling=spec.sampling,
+        )
+        if handoff is not None and handoff.transport:
+            request.handoff.CopyFrom(handoff)
+        n = spec.sampling.n or 1
+        detokenizers = {
+            i: SequenceDetokenizer(
+                self._tokenizer,
+                request_id=spec.request_id,
+                prompt_tail=spec.prompt_token_ids[-5:],
+                stops=spec.stops,
+            )
+            for i in range(n)
+        }
+        open_sequences = set(range(n))
+        completion_tokens = 0
+        emitted = False
+        endpoint.in_flight += 1
+        call = endpoint.stub.Generate(request, timeout=self._timeout)
+        try:
+            async for response in call:
+                kind = response.WhichOneof("kind")
+                if kind == "error":
+                    raise MidStreamError(response.error.message) if emitted else _worker_error(response.error)
+                if kind == "complete":
+                    usage = response.complete.usage
+                    yield Finished(usage.prompt_tokens, completion_tokens, usage.cached_prompt_tokens)
+                    return
+                chunk = response.chunk
+                if chunk.index not in open_sequences:
+                    continue
+                detokenized = await detokenizers[chunk.index].feed(chunk.token_ids)
+                text = detokenized.text
+                completion_tokens += len(chunk.token_ids)
+                finish = _FINISH.get(chunk.finish_reason)
+                if detokenized.stopped:
+                    finish = "stop"
+                elif finish is not None:
+                    text += (await detokenizers[chunk.index].finish()).text
+                emitted = True
+                yield SequenceEvent(chunk.index, text, list(chunk.token_ids), list(chunk.logprobs), finish)
+                if finish is not None:
+                    open_sequences.discard(chunk.index)
+                    if not open_sequences:
+                        # Stop strings ended every sequence: stop the engine now.
+                        call.cancel()
+                        yield Finished(len(spec.prompt_token_ids), completion_tokens, 0)
+                        return
+            raise MidStreamError("the decode worker closed the stream without completing")
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                self._pool.eject(endpoint, "generate failed: UNAVAILABLE")
+            if emitted:
+                raise MidStreamError(f"decode worker failed mid-stream: {error.code().name}") from error
+            raise _api_error(error) from error
+        finally:
+            endpoint.in_flight -= 1
+            call.cancel()
+            for detokenizer in detokenizers.values():
+                detokenizer.close()
+            if handoff is not None and handoff.transport and not emitted:
+                # The decode never consumed the handoff: free the prefill's KV now.
+                await asyncio.shield(self._release(endpoint, spec.request_id, handoff))
+
+    async def _release(self, endpoint: Endpoint, request_id: str, handoff: worker_pb2.KvHandoff) -> None:
+        try:
+            await endpoint.stub.ReleaseKv(
+                worker_pb2.ReleaseKvRequest(request_id=request_id, handoff=handoff), timeout=5
+            )
+        except grpc.aio.AioRpcError as error:
+            log.warning("could not release prefill KV; its lease will expire", code=error.code().name)
+
+
+def _api_error(error: grpc.aio.AioRpcError) -> errors.ApiError:
+    details = error.details() or error.code().name
+    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.invalid(details)
+    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.overloaded()
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        return errors.ApiError(503, f"worker unavailable: {details}", type_="service_unavailable")
+    return errors.ApiError(500, f"worker error: {details}", type_="server_error")
+
+
+def _worker_error(error: common_pb2.Error) -> errors.ApiError:
+    if error.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
+        return errors.invalid(error.message)
+    return errors.ApiError(500, f"worker error: {error.message}", type_="server_error")

@@ -1,0 +1,81 @@
+"""OpenAI request bodies -> token ids and the contract's SamplingParams."""
+
+from __future__ import annotations
+
+from cleave.common.v1 import common_pb2
+from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from libs.gateway import errors
+from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+
+def check_supported(body: _SamplingFields) -> None:
+    for feature, param in body.unsupported_fields():
+        raise errors.unsupported(feature, param)
+
+
+def sampling_params(
+    body: _SamplingFields, *, max_tokens: int | None, logprobs: int | None
+) -> common_pb2.SamplingParams:
+    params = common_pb2.SamplingParams(
+        n=body.n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        ignore_eos=body.ignore_eos,
+        skip_special_tokens=True,
+    )
+    if max_tokens is not None:
+        params.max_tokens = max_tokens
+    if body.temperature is not None:
+        params.temperature = body.temperature
+    if body.top_p is not None:
+        params.top_p = body.top_p
+    if body.top_k is not None:
+        params.top_k = body.top_k
+    if body.min_p is not None:
+        params.min_p = body.min_p
+    if body.seed is not None:
+        params.seed = body.seed
+    if body.repetition_penalty is not None:
+        params.repetition_penalty = body.repetition_penalty
+    if logprobs is not None:
+        params.logprobs = logprobs
+    for token, bias in (body.logit_bias or {}).items():
+        try:
+            params.logit_bias[int(token)] = bias
+        except ValueError:
+            raise errors.invalid(f"logit_bias keys must be token ids, got {token!r}", "logit_bias") from None
+    return params
+
+
+async def chat_prompt(tokenizer: tokenizer_pb2_grpc.TokenizerStub, body: ChatCompletionRequest) -> list[int]:
+    request = tokenizer_pb2.RenderChatRequest(add_generation_prompt=True)
+    for message in body.messages:
+        role = "system" if message.role == "developer" else message.role
+        request.messages.add(role=role, content=[tokenizer_pb2.ContentPart(text=message.text())])
+    response = await tokenizer.RenderChat(request)
+    return list(response.token_ids)
+
+
+async def completion_prompts(
+    tokenizer: tokenizer_pb2_grpc.TokenizerStub, body: CompletionRequest
+) -> list[list[int]]:
+    """The prompt(s) as token ids: text is tokenized; token ids pass through."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise errors.invalid("prompt must not be empty", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [[int(p) for p in prompt]]  # type: ignore[arg-type]
+    ids = []
+    for item in prompt:
+        if isinstance(item, list):
+            ids.append([int(t) for t in item])
+            continue
+        if item == "":
+            raise errors.invalid("prompt must not be empty", "prompt")
+        response = await tokenizer.Tokenize(
+            tokenizer_pb2.TokenizeRequest(text=str(item), add_special_tokens=True)
+        )
+        ids.append(list(response.token_ids))
+    return ids

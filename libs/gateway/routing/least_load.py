@@ -1,0 +1,25 @@
+"""Least load: fewest requests in flight from this gateway, then the worker's own queue and
+KV usage from its last polled stats (in-flight counts are fresher than polls)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from libs.gateway.pool import Endpoint
+from libs.gateway.routing.policy import register
+
+
+@register
+class LeastLoad:
+    name = "least_load"
+
+    def pick(self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int]) -> Endpoint:
+        return min(
+            candidates,
+            key=lambda e: (
+                e.in_flight + e.stats.num_waiting,
+                e.stats.num_running,
+                e.stats.kv_cache_usage,
+                e.address,
+            ),
+        )

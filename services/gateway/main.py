@@ -1,0 +1,186 @@
+"""Entry point of the Cleave gateway.
+
+./bazel run //services/gateway                  # local 1p1d stack with SmolLM2, then serve
+./bazel run //services/gateway -- --mode pd     # colocated
+./bazel run //services/gateway -- --tokenizer H:P --prefill-workers H:P --decode-workers H:P
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from contextlib import AsyncExitStack
+
+import structlog
+import uvicorn
+
+from cleave.tokenizer.v1 import tokenizer_pb2_grpc
+from cleave.worker.v1 import worker_pb2
+from libs.config.errors import ConfigError
+from libs.gateway.pipeline import Pipeline
+from libs.gateway.pool import WorkerPool
+from libs.gateway.routing import create_policy
+from libs.models.errors import ModelNotFoundError
+from libs.models.resolve import resolve_model
+from libs.observability.logging import configure_logging
+from libs.rpc.channel import open_channel
+from libs.stack.launcher import LocalStack, free_port
+from services.gateway.app import GatewayState, create_app
+from services.gateway.config import GatewayConfig, RoleOptions, parse_args
+
+log = structlog.get_logger("cleave.gateway")
+
+
+def _worker_args(
+    config: GatewayConfig, role: str, model_path: str, served: str, options: RoleOptions | None
+) -> list[str]:
+    args = [
+        "--role",
+        role,
+        "--model",
+        model_path,
+        "--served-model-name",
+        served,
+        "--max-model-len",
+        str(config.max_model_len),
+    ]
+    args += [
+        "--kv-cache-dtype",
+        config.kv_cache_dtype,
+        "--dtype",
+        config.dtype,
+        "--generation-config",
+        config.generation_config,
+    ]
+    args += ["--kv-port", str(free_port()), "--log-level", config.log_level]
+    if options is not None:
+        args += ["--max-num-seqs", str(options.max_num_seqs)]
+        if options.device_group:
+            args += ["--device-group", ",".join(map(str, options.device_group))]
+        if options.max_seq_len_to_capture:
+            args += ["--max-seq-len-to-capture", str(options.max_seq_len_to_capture)]
+        if options.override_qaic_config:
+            args += ["--override-qaic-config", " ".join(f"{k}:{v}" for k, v in options.override_qaic_config)]
+    if role in ("decode", "both") and config.decode_speculative_config:
+        args += ["--speculative-config", config.decode_speculative_config]
+    return args
+
+
+def _port(options: RoleOptions, index: int) -> int:
+    return options.port + index if options.port else free_port()
+
+
+async def launch_stack(config: GatewayConfig, stack: LocalStack) -> tuple[str, dict[str, list[str]], str]:
+    resolved = resolve_model(config.model, config.cache_dir / "models", progress=True)
+    served = config.served_model_name or resolved.served_name
+    model_path = str(resolved.path)
+    port = free_port()
+    stack.start("tokenizer", "tokenizer", "services.tokenizer.main",
+                ["--model", model_path, "--port", str(port), "--max-model-len", str(config.max_model_len)], port)  # fmt: skip
+    topology = config.mode
+    for i in range(topology.colocated):
+        port = _port(config.decode, i)
+        stack.start(
+            f"pd-{i}",
+            "both",
+            "services.worker.main",
+            [*_worker_args(config, "both", model_path, served, config.decode), "--port", str(port)],
+            port,
+        )
+    for i in range(topology.prefill):
+        port = _port(config.prefill, i)
+        stack.start(
+            f"prefill-{i}",
+            "prefill",
+            "services.worker.main",
+            [*_worker_args(config, "prefill", model_path, served, config.prefill), "--port", str(port)],
+            port,
+        )
+    for i in range(topology.decode):
+        port = _port(config.decode, i)
+        stack.start(
+            f"decode-{i}",
+            "decode",
+            "services.worker.main",
+            [*_worker_args(config, "decode", model_path, served, config.decode), "--port", str(port)],
+            port,
+        )
+    print(
+        f"cleave: starting a local {topology.name} stack with {served} (logs in {stack.log_dir})",
+        file=sys.stderr,
+        flush=True,
+    )
+    await stack.wait_ready(config.startup_timeout_s)
+    workers = {
+        "prefill": stack.addresses("prefill"),
+        "decode": stack.addresses("decode"),
+        "both": stack.addresses("both"),
+    }
+    return stack.addresses("tokenizer")[0], workers, served
+
+
+async def serve(config: GatewayConfig) -> None:
+    stack = LocalStack(config.cache_dir / "logs")
+    async with AsyncExitStack() as cleanup:
+        cleanup.callback(stack.stop)
+        if config.launches_stack:
+            tokenizer_address, workers, served = await launch_stack(config, stack)
+        else:
+            tokenizer_address = config.tokenizer_address or ""
+            workers = {
+                "prefill": list(config.prefill_addresses),
+                "decode": list(config.decode_addresses),
+                "both": list(config.colocated_addresses),
+            }
+            served = ""
+        pool = WorkerPool(workers)
+        cleanup.push_async_callback(pool.close)
+        await pool.start()
+        first = next((e for e in pool.endpoints if e.healthy), None)
+        if first is None:
+            raise RuntimeError("no worker answered; check the worker addresses")
+        info = await first.stub.GetInfo(worker_pb2.GetInfoRequest())
+        tokenizer_channel = open_channel(tokenizer_address)
+        cleanup.push_async_callback(tokenizer_channel.close)
+        tokenizer = tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel)
+        policy = config.routing
+        pipeline = Pipeline(pool, tokenizer, create_policy(policy), create_policy(policy))
+        state = GatewayState(
+            served_model=served or info.model,
+            max_model_len=info.max_model_len,
+            pipeline=pipeline,
+            pool=pool,
+            tokenizer=tokenizer,
+        )
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(state), host=config.host, port=config.port, log_config=None, access_log=False
+            )
+        )
+        print(
+            f"cleave: serving {state.served_model} at http://{config.host}:{config.port}/v1",
+            file=sys.stderr,
+            flush=True,
+        )
+        await server.serve()
+
+
+def main() -> int:
+    try:
+        config = parse_args()
+    except ConfigError as error:
+        print(f"cleave gateway: {error}", file=sys.stderr)
+        return 2
+    configure_logging(level=config.log_level, json=config.log_json, service="gateway")
+    try:
+        asyncio.run(serve(config))
+    except (ModelNotFoundError, TimeoutError, RuntimeError) as error:
+        print(f"cleave gateway: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Entry point of the Cleave tokenizer service.
+
+./bazel run //services/tokenizer -- --model smollm2 --port 50050
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import structlog
+
+from libs.models.errors import ModelConversionError
+from libs.models.resolve import resolve_model
+from libs.observability.logging import configure_logging
+from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
+from libs.tokenization import Tokenizer, TokenizerConfig
+from services.tokenizer.config import TokenizerProcessConfig, parse_args
+from services.tokenizer.servicer import TokenizerServicer, binding
+
+log = structlog.get_logger("cleave.tokenizer")
+
+
+def load_servicer(process: TokenizerProcessConfig) -> TokenizerServicer:
+    """Everything that can fail on a bad --model, done before any port is bound."""
+    resolved = resolve_model(process.model, process.model_cache_dir, progress=True)
+    tokenizer = Tokenizer.from_config(TokenizerConfig(path=resolved.path))
+    return TokenizerServicer(
+        tokenizer,
+        model=process.served_model_name or resolved.served_name,
+        max_model_len=process.max_model_len,
+    )
+
+
+async def run(process: TokenizerProcessConfig, servicer: TokenizerServicer) -> None:
+    server = GrpcServer(ServerConfig(host=process.host, port=process.port), [binding(servicer)])
+    await serve_until_signal(server)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        process = parse_args(argv)
+        configure_logging(level=process.log_level, json=process.log_json, service="tokenizer")
+        servicer = load_servicer(process)
+    # ConfigError, ModelNotFoundError and tokenizer load failures are all ValueErrors;
+    # FileNotFoundError: a resolved folder without tokenizer files.
+    except (ValueError, FileNotFoundError, ModelConversionError) as error:
+        # One line, even when a library's message spans several.
+        print(f"cleave tokenizer: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    asyncio.run(run(process, servicer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

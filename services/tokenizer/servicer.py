@@ -1,0 +1,206 @@
+"""gRPC adapter of the tokenizer: messages in and out, bad input -> INVALID_ARGUMENT.
+
+Tokenizing runs inline on the event loop: the Rust tokenizer takes microseconds per token,
+and HF fast tokenizers are not safe to call from several threads at once ("Already
+borrowed"). Scale out with more processes, not threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+import structlog
+
+from cleave.common.v1 import common_pb2
+from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from libs.observability.logging import bind_request_id
+from libs.rpc.server import ServiceBinding
+from libs.tokenization import ChatMessage, Tokenizer
+from services.tokenizer.stream import DetokenizeSession, InvalidRequest, check_token_ids
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
+IMAGE_NOT_SUPPORTED = "image input needs an encoder; not supported yet"
+# What a client sees for a bug on our side; the details go to the log, never to the client.
+INTERNAL_MESSAGE = "internal error in the tokenizer service"
+
+
+def _bind(metadata: common_pb2.RequestMetadata) -> None:
+    # The interceptor already bound x-request-id (or a fresh id); an id in the message is the
+    # caller's explicit one. Each RPC runs in its own task, so this cannot leak.
+    if metadata.request_id:
+        bind_request_id(metadata.request_id)
+
+
+def chat_messages(messages: Sequence[tokenizer_pb2.ChatMessage]) -> list[ChatMessage]:
+    """Content parts -> one text per message; roles are checked by libs.tokenization."""
+    converted: list[ChatMessage] = []
+    for index, message in enumerate(messages):
+        texts: list[str] = []
+        for part_index, part in enumerate(message.content):
+            kind = part.WhichOneof("part")
+            where = f"messages[{index}].content[{part_index}]"
+            if kind == "image":
+                raise InvalidRequest(f"{where}: {IMAGE_NOT_SUPPORTED}")
+            if kind is None:
+                raise InvalidRequest(f"{where} is empty; set text")
+            texts.append(part.text)
+        # vLLM joins a message's text parts with newlines before templating; do the same so
+        # a prompt renders to the same ids on either stack. `name` is dropped: ChatML
+        # templates (SmolLM2's included) do not render it.
+        converted.append(ChatMessage(role=message.role, content="\n".join(texts)))
+    return converted
+
+
+def stream_error(code: common_pb2.ErrorCode, message: str) -> tokenizer_pb2.DetokenizeStreamResponse:
+    return tokenizer_pb2.DetokenizeStreamResponse(error=common_pb2.Error(code=code, message=message))
+
+
+class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
+    def __init__(self, tokenizer: Tokenizer, *, model: str, max_model_len: int) -> None:
+        self._tokenizer = tokenizer
+        self._model = model
+        self._max_model_len = max_model_len
+
+    async def _unary(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except InvalidRequest as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except Exception:
+            log.exception("tokenizer rpc failed", method=method)
+            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        raise AssertionError("context.abort returned")  # it raises; this keeps mypy honest
+
+    async def RenderChat(
+        self, request: tokenizer_pb2.RenderChatRequest, context: grpc.aio.ServicerContext
+    ) -> tokenizer_pb2.RenderChatResponse:
+        _bind(request.metadata)
+        if not self._tokenizer.has_chat_template:
+            # The server's setup, not the request, is at fault; say what still works.
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model {self._model!r} has no chat template; send a plain prompt (Tokenize) instead",
+            )
+        return await self._unary("RenderChat", context, lambda: self._render_chat(request))
+
+    def _render_chat(self, request: tokenizer_pb2.RenderChatRequest) -> tokenizer_pb2.RenderChatResponse:
+        if request.continue_final_message:
+            # libs.tokenization.render_chat has no continue_final_message yet; refusing beats
+            # silently opening a new assistant turn.
+            raise InvalidRequest("continue_final_message is not supported yet")
+        messages = chat_messages(request.messages)
+        try:
+            prompt = self._tokenizer.render_chat(
+                messages, add_generation_prompt=request.add_generation_prompt
+            )
+        except ValueError as error:  # bad roles/content, or the template's raise_exception()
+            raise InvalidRequest(str(error)) from error
+        # The rendered text already holds the template's special tokens (bos included where
+        # the template writes it): adding them again would double bos. vLLM's chat path
+        # tokenizes with add_special_tokens=False too, so the engine sees the same ids.
+        token_ids = self._tokenizer.encode(prompt, add_special_tokens=False)
+        return tokenizer_pb2.RenderChatResponse(prompt=prompt, token_ids=token_ids, num_images=0)
+
+    async def Tokenize(
+        self, request: tokenizer_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> tokenizer_pb2.TokenizeResponse:
+        _bind(request.metadata)
+        return await self._unary("Tokenize", context, lambda: self._tokenize(request))
+
+    def _tokenize(self, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
+        token_ids = self._tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
+        # Each token decoded on its own (special tokens kept): readable text, where vLLM's
+        # convert_ids_to_tokens would show byte-level forms like "Ġhello". A token holding
+        # part of a multi-byte character decodes to U+FFFD.
+        if not request.return_token_strs:
+            return tokenizer_pb2.TokenizeResponse(token_ids=token_ids)
+        token_strs = [self._tokenizer.decode([token_id]) for token_id in token_ids]
+        return tokenizer_pb2.TokenizeResponse(token_ids=token_ids, token_strs=token_strs)
+
+    async def Detokenize(
+        self, request: tokenizer_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> tokenizer_pb2.DetokenizeResponse:
+        _bind(request.metadata)
+        return await self._unary("Detokenize", context, lambda: self._detokenize(request))
+
+    def _detokenize(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
+        token_ids = list(request.token_ids)
+        check_token_ids(token_ids, self._tokenizer.vocab_size, "token_ids")
+        text = self._tokenizer.decode(token_ids, skip_special_tokens=request.skip_special_tokens)
+        return tokenizer_pb2.DetokenizeResponse(text=text)
+
+    async def GetInfo(
+        self, request: tokenizer_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> tokenizer_pb2.TokenizerInfo:
+        tokenizer = self._tokenizer
+        return tokenizer_pb2.TokenizerInfo(
+            model=self._model,
+            vocab_size=tokenizer.vocab_size,
+            eos_token_ids=tokenizer.eos_token_ids,
+            bos_token_id=tokenizer.bos_token_id,  # None leaves the optional field unset
+            max_model_len=self._max_model_len,
+            has_chat_template=tokenizer.has_chat_template,
+        )
+
+    async def DetokenizeStream(
+        self,
+        request_iterator: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamResponse]:
+        """Protocol errors before the stream starts (no or a bad `start`) end the call with
+        INVALID_ARGUMENT; once started, each `tokens` or `finish` gets exactly one response, and
+        the stream ends with the first `complete` or `error`."""
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("kind") != "start":
+            got = "nothing" if first is None else f"`{first.WhichOneof('kind')}`"
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the first message must be `start`, got {got}"
+            )
+            return
+        _bind(first.start.metadata)
+        try:
+            session = DetokenizeSession(self._tokenizer, first.start)
+        except InvalidRequest as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            return
+        async for message in _finish_at_end(requests):
+            kind = message.WhichOneof("kind")
+            try:
+                if kind == "tokens":
+                    response = session.feed(message.tokens.token_ids)
+                elif kind == "finish":
+                    response = session.finish()
+                else:
+                    raise InvalidRequest(f"expected `tokens` or `finish`, got {kind or 'an empty message'}")
+            except InvalidRequest as error:
+                yield stream_error(common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(error))
+                return
+            except Exception:
+                log.exception("detokenize stream failed", num_tokens=session.num_tokens)
+                yield stream_error(common_pb2.ERROR_CODE_INTERNAL, INTERNAL_MESSAGE)
+                return
+            yield response
+            if session.done:
+                # A stop string or `finish` ended the text; later input has nothing to add.
+                log.debug("detokenize stream done", num_tokens=session.num_tokens)
+                return
+
+
+async def _finish_at_end(
+    requests: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest],
+) -> AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest]:
+    """A client that half-closes without `finish` means the same: the engine is done."""
+    async for request in requests:
+        yield request
+    yield tokenizer_pb2.DetokenizeStreamRequest(finish=True)
+
+
+def binding(servicer: TokenizerServicer) -> ServiceBinding:
+    return ServiceBinding(SERVICE_NAME, servicer, tokenizer_pb2_grpc.add_TokenizerServicer_to_server)

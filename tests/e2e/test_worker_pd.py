@@ -1,0 +1,323 @@
+"""Prefill -> KV handoff -> decode on real vLLM workers with SmolLM2, against the colocated
+worker and vLLM's own LLM.generate; abort, lease expiry, release, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from cleave.common.v1 import common_pb2
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from tests.e2e.harness import Service, child_env, log_dir, wait_healthy
+from tests.e2e.prompts import build_prompts
+from tests.e2e.stack import default_model_dir, start_worker
+
+pytestmark = pytest.mark.anyio
+T = TypeVar("T")
+
+MAX_TOKENS = 24
+# Long enough that a decode worker on a loaded 2-core machine still pulls in time (a lease
+# that expires first frees the blocks under the decode's feet), short enough to wait for.
+LEASE_S = 20
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return default_model_dir()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir: Path) -> list[tuple[str, list[int]]]:
+    return build_prompts(Tokenizer.from_config(TokenizerConfig(path=model_dir)))
+
+
+@pytest.fixture(scope="module")
+def workers(model_dir: Path) -> Iterator[dict[str, Service]]:
+    services = {
+        "prefill": start_worker("prefill", model_dir, "--kv-lease-s", str(LEASE_S)),
+        "decode": start_worker("decode", model_dir),
+        "both": start_worker("both", model_dir),
+    }
+    try:
+
+        async def all_healthy() -> None:
+            await asyncio.gather(*(wait_healthy(s, timeout_s=600) for s in services.values()))
+
+        asyncio.run(all_healthy())
+        for name, service in services.items():
+            # Start-up time and memory of each role, for the closing note.
+            print(
+                f"worker {name}: ready after {service.ready_after_s:.1f} s, RSS {service.rss_mib():.0f} MiB"
+            )
+        yield services
+    finally:
+        for service in services.values():
+            service.stop()
+
+
+@pytest.fixture(scope="module")
+def reference_process(
+    model_dir: Path, prompts: list[tuple[str, list[int]]]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """vLLM's LLM.generate over the same prompts, started before the workers so that both
+    load at once."""
+    folder = log_dir()
+    prompts_file = folder / "prompts.json"
+    prompts_file.write_text(json.dumps([ids for _, ids in prompts]))
+    with (folder / "reference.log").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.reference_vllm", str(model_dir), str(prompts_file),
+             str(folder / "reference.json"), str(MAX_TOKENS)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+        )  # fmt: skip
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def reference_outputs(process: subprocess.Popen[bytes]) -> list[list[int]]:
+    assert process.wait(timeout=900) == 0, (log_dir() / "reference.log").read_text()[-3000:]
+    return list(json.loads((log_dir() / "reference.json").read_text()))
+
+
+def greedy(max_tokens: int = MAX_TOKENS, **extra: object) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, **extra)  # type: ignore[arg-type]
+
+
+async def tokens_of(call: grpc.aio.UnaryStreamCall) -> list[int]:
+    tokens: list[int] = []
+    async for response in call:
+        assert not response.HasField("error"), response.error.message
+        if response.HasField("chunk"):
+            tokens.extend(response.chunk.token_ids)
+    return tokens
+
+
+async def test_disaggregated_equals_colocated_and_vllm(
+    reference_process: subprocess.Popen[bytes],
+    workers: dict[str, Service],
+    prompts: list[tuple[str, list[int]]],
+) -> None:
+    reference = reference_outputs(reference_process)
+    assert len(prompts) >= 20
+    assert any(len(ids) >= 1400 for _, ids in prompts), "the set must include ~1,500-token prompts"
+    mismatches = []
+    async with (
+        grpc.aio.insecure_channel(workers["prefill"].address) as p_channel,
+        grpc.aio.insecure_channel(workers["decode"].address) as d_channel,
+        grpc.aio.insecure_channel(workers["both"].address) as b_channel,
+    ):
+        prefill, decode, both = (worker_pb2_grpc.WorkerStub(c) for c in (p_channel, d_channel, b_channel))
+        for i, ((label, ids), expected) in enumerate(zip(prompts, reference, strict=True)):
+            request_id = f"eq-{i}"
+            metadata = common_pb2.RequestMetadata(request_id=request_id)
+            before = await decode.GetStats(worker_pb2.GetStatsRequest())
+            response = await prefill.Prefill(
+                worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=ids, sampling=greedy())
+            )
+            assert response.handoff.num_tokens == len(ids)
+            disaggregated = await tokens_of(
+                decode.Generate(
+                    worker_pb2.GenerateRequest(
+                        metadata=metadata, prompt_token_ids=ids, sampling=greedy(), handoff=response.handoff
+                    )
+                )
+            )
+            after = await settled_stats(decode, before)
+            colocated = await tokens_of(
+                both.Generate(
+                    worker_pb2.GenerateRequest(metadata=metadata, prompt_token_ids=ids, sampling=greedy())
+                )
+            )
+            external = after.prompt_tokens_external - before.prompt_tokens_external
+            computed = after.prompt_tokens_computed - before.prompt_tokens_computed
+            print(
+                f"{label!r}: {len(ids)} prompt tokens, decode loaded {external} external, computed {computed}"
+            )
+            # Decode must have used the transferred KV for the whole prompt, not recomputed it.
+            assert external == len(ids), f"{label!r}: decode loaded {external} of {len(ids)} prompt tokens"
+            assert response.first_token_id == expected[0], label
+            if not (disaggregated == colocated == expected):
+                mismatches.append((label, disaggregated, colocated, expected))
+    assert mismatches == [], "\n".join(
+        f"{m[0]!r}:\n  pd   {m[1]}\n  both {m[2]}\n  vllm {m[3]}" for m in mismatches
+    )
+
+
+async def settled_stats(
+    worker: worker_pb2_grpc.WorkerStub, before: worker_pb2.WorkerStats
+) -> worker_pb2.WorkerStats:
+    """Stats after the request just finished: vLLM records a step's stats right after it
+    hands out the step's outputs, so the last one can trail the stream's end briefly."""
+
+    async def probe() -> worker_pb2.WorkerStats | None:
+        stats = await worker.GetStats(worker_pb2.GetStatsRequest())
+        return stats if stats.requests_finished > before.requests_finished else None
+
+    return await wait_for(probe, 10, "the decode worker to record the finished request")
+
+
+async def wait_for(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
+    """Polls `probe` until it returns something other than None."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.25)
+
+
+async def test_abort_mid_decode_frees_kv_on_both_sides(
+    workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
+) -> None:
+    ids = prompts[-2][1]  # a long prompt: many blocks on both sides
+    async with (
+        grpc.aio.insecure_channel(workers["prefill"].address) as p_channel,
+        grpc.aio.insecure_channel(workers["decode"].address) as d_channel,
+    ):
+        prefill, decode = worker_pb2_grpc.WorkerStub(p_channel), worker_pb2_grpc.WorkerStub(d_channel)
+        metadata = common_pb2.RequestMetadata(request_id="abort-1")
+        response = await prefill.Prefill(
+            worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=ids, sampling=greedy())
+        )
+        call = decode.Generate(
+            worker_pb2.GenerateRequest(
+                metadata=metadata,
+                prompt_token_ids=ids,
+                sampling=greedy(400, ignore_eos=True),
+                handoff=response.handoff,
+            )
+        )
+        chunks = 0
+        async for item in call:
+            chunks += item.HasField("chunk")
+            if chunks >= 5:
+                break
+        mid = await decode.GetStats(worker_pb2.GetStatsRequest())
+        assert mid.num_running == 1 and mid.kv_cache_usage > 0
+        call.cancel()  # the client goes away mid-stream
+
+        async def decode_idle() -> worker_pb2.WorkerStats | None:
+            stats = await decode.GetStats(worker_pb2.GetStatsRequest())
+            return stats if stats.num_running == 0 and stats.kv_cache_usage == 0 else None
+
+        async def prefill_idle() -> worker_pb2.WorkerStats | None:
+            stats = await prefill.GetStats(worker_pb2.GetStatsRequest())
+            return stats if stats.kv_cache_usage == 0 else None
+
+        await wait_for(decode_idle, 15, "decode KV usage back to 0 after the client cancelled")
+        await wait_for(prefill_idle, 15, "prefill KV usage back to 0 once decode pulled the KV")
+
+
+async def test_unpulled_handoff_is_freed_by_lease_expiry(
+    workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
+) -> None:
+    async with grpc.aio.insecure_channel(workers["prefill"].address) as channel:
+        prefill = worker_pb2_grpc.WorkerStub(channel)
+        metadata = common_pb2.RequestMetadata(request_id="lease-1")
+        await prefill.Prefill(
+            worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=prompts[-3][1], sampling=greedy())
+        )
+        held = await prefill.GetStats(worker_pb2.GetStatsRequest())
+        assert held.kv_cache_usage > 0 and held.num_leased == 1
+        started = time.monotonic()
+
+        async def freed() -> float | None:
+            stats = await prefill.GetStats(worker_pb2.GetStatsRequest())
+            return time.monotonic() - started if stats.kv_cache_usage == 0 and stats.num_leased == 0 else None
+
+        seconds = await wait_for(freed, LEASE_S + 30, "the prefill lease to expire and free its KV")
+        print(f"unpulled KV freed {seconds:.1f} s after prefill (lease {LEASE_S} s)")
+
+
+async def test_release_through_decode_frees_prefill_kv(
+    workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
+) -> None:
+    async with (
+        grpc.aio.insecure_channel(workers["prefill"].address) as p_channel,
+        grpc.aio.insecure_channel(workers["decode"].address) as d_channel,
+    ):
+        prefill, decode = worker_pb2_grpc.WorkerStub(p_channel), worker_pb2_grpc.WorkerStub(d_channel)
+        metadata = common_pb2.RequestMetadata(request_id="release-1")
+        response = await prefill.Prefill(
+            worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=prompts[-4][1], sampling=greedy())
+        )
+        assert (await prefill.GetStats(worker_pb2.GetStatsRequest())).kv_cache_usage > 0
+        started = time.monotonic()
+        await decode.ReleaseKv(worker_pb2.ReleaseKvRequest(request_id="release-1", handoff=response.handoff))
+
+        async def freed() -> float | None:
+            stats = await prefill.GetStats(worker_pb2.GetStatsRequest())
+            return time.monotonic() - started if stats.kv_cache_usage == 0 else None
+
+        seconds = await wait_for(
+            freed, LEASE_S - 1, "ReleaseKv to free the prefill's KV before the lease would"
+        )
+        print(f"released KV freed {seconds:.2f} s after ReleaseKv")
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([], "prompt is empty"),
+        ([1] * 2048, "prompt has 2048 tokens; this model's context is 2048"),
+        ([1, 49152, 70000], r"2 token id\(s\) outside the vocabulary \[0, 49152\)"),
+    ],
+)
+async def test_bad_prompts_are_invalid_argument(
+    workers: dict[str, Service], ids: list[int], message: str
+) -> None:
+    async with (
+        grpc.aio.insecure_channel(workers["prefill"].address) as p_channel,
+        grpc.aio.insecure_channel(workers["both"].address) as b_channel,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await worker_pb2_grpc.WorkerStub(p_channel).Prefill(
+                worker_pb2.PrefillRequest(prompt_token_ids=ids)
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert re.search(message, info.value.details() or "")
+        call = worker_pb2_grpc.WorkerStub(b_channel).Generate(
+            worker_pb2.GenerateRequest(prompt_token_ids=ids)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await tokens_of(call)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_unknown_model_is_invalid_argument(workers: dict[str, Service]) -> None:
+    async with grpc.aio.insecure_channel(workers["both"].address) as channel:
+        request = worker_pb2.GenerateRequest(
+            metadata=common_pb2.RequestMetadata(model="no-such-model"),
+            prompt_token_ids=[1, 2],
+            sampling=greedy(2),
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await tokens_of(worker_pb2_grpc.WorkerStub(channel).Generate(request))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "model 'no-such-model' is not served here" in (info.value.details() or "")
+
+
+def test_unknown_model_path_is_a_clear_startup_error(tmp_path: Path) -> None:
+    service = start_worker("both", tmp_path / "no-such-model", name="bad-model")
+    code = service.process.wait(timeout=120)
+    assert code == 2
+    assert "no-such-model" in service.log_tail() and "hub" in service.log_tail().lower()

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from libs.gateway.errors import ApiError
+from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest
+from libs.gateway.requests import check_supported, sampling_params
+
+
+def chat(**fields: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    )
+
+
+def test_text_parts_and_max_completion_tokens() -> None:
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+         "max_tokens": 5, "max_completion_tokens": 7}
+    )  # fmt: skip
+    assert body.messages[0].text() == "ab"
+    assert body.requested_max_tokens() == 7
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"max_tokens": -1}, {"temperature": 3}, {"n": 0}, {"top_p": 0}, {"unknown_field": 1}, {"messages": []}],
+)
+def test_invalid_bodies_are_rejected(fields: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        chat(**fields)
+
+
+def test_unsupported_features_are_refused_not_ignored() -> None:
+    with pytest.raises(ApiError, match="tool calling is not supported"):
+        check_supported(chat(tools=[{"type": "function"}]))
+    with pytest.raises(ApiError, match="response_format other than text"):
+        check_supported(chat(response_format={"type": "json_object"}))
+    check_supported(chat(response_format={"type": "text"}))
+    with pytest.raises(ApiError, match="best_of > 1"):
+        check_supported(CompletionRequest(model="m", prompt="x", best_of=2))
+
+
+def test_sampling_mapping() -> None:
+    params = sampling_params(
+        chat(temperature=0, seed=5, n=2, stop="x", logit_bias={"7": -1.0}), max_tokens=9, logprobs=2
+    )
+    assert params.HasField("temperature") and params.temperature == 0
+    assert (params.seed, params.n, params.max_tokens, params.logprobs) == (5, 2, 9, 2)
+    assert dict(params.logit_bias) == {7: -1.0}
+    with pytest.raises(ApiError, match="logit_bias keys must be token ids"):
+        sampling_params(chat(logit_bias={"x": 1.0}), max_tokens=1, logprobs=None)

