@@ -60,6 +60,10 @@ class Finished:
     cached_prompt_tokens: int
 
 
+class HandoffRejected(Exception):
+    """The decode worker could not use the handoff's KV; nothing was emitted yet."""
+
+
 class MidStreamError(Exception):
     """A worker failed after tokens were sent: the client gets an error event, not a hang."""
 
@@ -93,10 +97,21 @@ class Pipeline:
             ):
                 yield event
             return
-        handoff = await self._prefill(spec)
-        decode = self._decode_policy.pick(decoders, spec.prompt_token_ids)
-        async for event in self._generate(spec, decode, handoff):
-            yield event
+        for _attempt in range(2):
+            handoff = await self._prefill(spec)
+            decode = self._decode_policy.pick(decoders, spec.prompt_token_ids)
+            try:
+                async for event in self._generate(spec, decode, handoff):
+                    yield event
+                return
+            except HandoffRejected as error:
+                # The decode refused the KV (lease expired, transfer failed) before emitting
+                # anything: prefill again rather than fail the request.
+                metrics.RETRIES.labels("handoff").inc()
+                log.warning("decode rejected the KV handoff; prefilling again", reason=str(error))
+        raise errors.ApiError(
+            503, "KV handoff failed twice; the workers may be overloaded", type_="service_unavailable"
+        )
 
     async def _prefill(self, spec: GenerationSpec) -> worker_pb2.KvHandoff:
         request = worker_pb2.PrefillRequest(
@@ -192,6 +207,8 @@ class Pipeline:
                 self._pool.eject(endpoint, "generate failed: UNAVAILABLE")
             if emitted:
                 raise MidStreamError(f"decode worker failed mid-stream: {error.code().name}") from error
+            if error.code() == grpc.StatusCode.ABORTED and handoff is not None:
+                raise HandoffRejected(error.details() or "KV transfer failed") from error
             raise _api_error(error) from error
         finally:
             endpoint.in_flight -= 1

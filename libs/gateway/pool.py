@@ -27,13 +27,19 @@ class Endpoint:
     # Requests this gateway has in flight on the endpoint (fresher than polled stats).
     in_flight: int = 0
     ejected_at: float | None = None
+    poll_failures: int = 0
 
 
 class WorkerPool:
     def __init__(
-        self, addresses: dict[str, list[str]], poll_interval_s: float = 1.0, poll_timeout_s: float = 2.0
+        self,
+        addresses: dict[str, list[str]],
+        poll_interval_s: float = 1.0,
+        poll_timeout_s: float = 3.0,
+        slow_polls_to_eject: int = 3,
     ) -> None:
         self._poll_interval_s = poll_interval_s
+        self._slow_polls_to_eject = slow_polls_to_eject
         self._poll_timeout_s = poll_timeout_s
         self.endpoints: list[Endpoint] = []
         for role, role_addresses in addresses.items():
@@ -61,8 +67,16 @@ class WorkerPool:
                 worker_pb2.GetStatsRequest(), timeout=self._poll_timeout_s
             )
         except grpc.aio.AioRpcError as error:
-            self.eject(endpoint, f"stats poll failed: {error.code().name}")
+            endpoint.poll_failures += 1
+            # A refused connection means the process is gone: eject at once. A slow answer
+            # may be a busy machine: eject only after several in a row.
+            if (
+                error.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                or endpoint.poll_failures >= self._slow_polls_to_eject
+            ):
+                self.eject(endpoint, f"stats poll failed {endpoint.poll_failures}x: {error.code().name}")
             return
+        endpoint.poll_failures = 0
         if not endpoint.healthy:
             log.info("worker healthy", address=endpoint.address, role=endpoint.role)
         endpoint.healthy = True

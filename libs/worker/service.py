@@ -16,7 +16,7 @@ from cleave.worker.v1 import worker_pb2
 from libs.worker import metrics
 from libs.worker.config import Role, WorkerConfig
 from libs.worker.engine import Engine, EngineStep, TokenLogprob
-from libs.worker.errors import InvalidRequest
+from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import PREFILL_PARAMS, handoff_from_params, params_from_handoff
 from libs.worker.layout import check_layout, kv_layout
 from libs.worker.sampling import sampling_kwargs
@@ -162,6 +162,13 @@ class WorkerService:
                 "this worker is colocated (role both) and has no KV connector; send no handoff"
             )
         check_layout(self._layout, request.handoff.layout)
+        expires_ms = request.handoff.lease_expires_unix_ms
+        if expires_ms and self._clock() * 1000 >= expires_ms:
+            # vLLM frees expired blocks and may reuse them; pulling them then yields wrong
+            # tokens with no error anywhere on the decode side. Refuse instead.
+            raise KvTransferFailed(
+                f"the KV handoff's lease expired {self._clock() - expires_ms / 1000:.1f}s ago; prefill again"
+            )
         try:
             return params_from_handoff(request.handoff)
         except ValueError as error:

@@ -229,7 +229,7 @@ def _spec(
     if not prompt:
         raise errors.invalid("prompt is empty", "prompt")
     if max_tokens is None:
-        max_tokens = state.max_model_len - len(prompt)
+        max_tokens = max(1, state.max_model_len - len(prompt))
     if len(prompt) + max_tokens > state.max_model_len:
         raise errors.context_too_long(len(prompt), max_tokens, state.max_model_len)
     metrics.PROMPT_TOKENS.observe(len(prompt))

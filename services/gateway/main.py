@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from contextlib import AsyncExitStack
+from dataclasses import replace
 
 import structlog
 import uvicorn
@@ -66,6 +68,30 @@ def _worker_args(
     return args
 
 
+def split_cores(cores: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Default CPU device groups for a local disaggregated stack: prefill on the first half of
+    the cores, decode on the rest, so the two never fight over a core (the point of
+    disaggregating); vLLM's CPU threads otherwise spread over every core in each engine."""
+    if cores < 2:
+        return (), ()
+    half = cores // 2
+    return tuple(range(half)), tuple(range(half, cores))
+
+
+def _with_default_groups(config: GatewayConfig) -> GatewayConfig:
+    if config.prefill.device_group or config.decode.device_group or config.mode.colocated:
+        return config
+    prefill_group, decode_group = split_cores(len(os.sched_getaffinity(0)))
+    if not prefill_group:
+        return config
+    log.info("pinning local workers to cores", prefill=prefill_group, decode=decode_group)
+    return replace(
+        config,
+        prefill=replace(config.prefill, device_group=prefill_group),
+        decode=replace(config.decode, device_group=decode_group),
+    )
+
+
 def _port(options: RoleOptions, index: int) -> int:
     return options.port + index if options.port else free_port()
 
@@ -78,6 +104,7 @@ async def launch_stack(config: GatewayConfig, stack: LocalStack) -> tuple[str, d
     stack.start("tokenizer", "tokenizer", "services.tokenizer.main",
                 ["--model", model_path, "--port", str(port), "--max-model-len", str(config.max_model_len)], port)  # fmt: skip
     topology = config.mode
+    config = _with_default_groups(config)
     for i in range(topology.colocated):
         port = _port(config.decode, i)
         stack.start(

@@ -37,3 +37,27 @@ def test_least_load_prefers_fewer_in_flight_then_queue_then_kv() -> None:
     assert policy.pick([busy, idle], []).address == "a:1"
     full, empty = endpoint("c:1", kv_cache_usage=0.9), endpoint("d:1", kv_cache_usage=0.1)
     assert policy.pick([full, empty], []).address == "d:1"
+
+
+@pytest.mark.anyio
+async def test_slow_polls_eject_only_after_several_but_refusals_at_once() -> None:
+    import grpc
+
+    from libs.gateway.pool import WorkerPool
+
+    class Stub:
+        def __init__(self, code: grpc.StatusCode) -> None:
+            self.code = code
+
+        async def GetStats(self, request: object, **_options: object) -> object:
+            raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata())
+
+    pool = WorkerPool({}, slow_polls_to_eject=3)
+    slow, gone = endpoint("a:1"), endpoint("b:1")
+    slow.stub, gone.stub = Stub(grpc.StatusCode.DEADLINE_EXCEEDED), Stub(grpc.StatusCode.UNAVAILABLE)  # type: ignore[assignment]
+    pool.endpoints = [slow, gone]
+    await pool.poll_once()
+    assert slow.healthy and not gone.healthy
+    await pool.poll_once()
+    await pool.poll_once()
+    assert not slow.healthy

@@ -10,7 +10,7 @@ import pytest
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.worker.config import Role, WorkerConfig
-from libs.worker.errors import InvalidRequest
+from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.service import WorkerService, WrongRole
 from tests.libs.worker.fake_engine import FakeEngine
 
@@ -185,3 +185,18 @@ async def test_abort_drops_lease_and_release_goes_through_decode() -> None:
     await decode.release_kv(worker_pb2.ReleaseKvRequest(request_id="a", handoff=response.handoff))
     assert dengine.released[0][0] == "a"
     assert dengine.released[0][1]["remote_request_id"] == "a-x"
+
+
+async def test_expired_handoff_is_refused_not_pulled() -> None:
+    clock = Clock()
+    prefill, _ = make(Role.PREFILL, clock=clock)
+    handoff = (
+        await prefill.prefill(worker_pb2.PrefillRequest(metadata=meta("x"), prompt_token_ids=[1, 2]))
+    ).handoff
+    decode, engine = make(Role.DECODE, clock=clock)
+    clock.now += 31
+    with pytest.raises(KvTransferFailed, match="lease expired"):
+        await collect(
+            decode, worker_pb2.GenerateRequest(metadata=meta("x"), prompt_token_ids=[1, 2], handoff=handoff)
+        )
+    assert engine.calls == []

@@ -56,6 +56,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.die_after_chunks = die_after_chunks
         self.delay_s = delay_s
         self.prefills = 0
+        self.reject_handoffs = 0  # how many Generate calls answer "lease expired" first
         self.cancelled = asyncio.Event()
         self.released: list[str] = []
 
@@ -73,6 +74,9 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        if self.reject_handoffs > 0 and request.HasField("handoff"):
+            self.reject_handoffs -= 1
+            await context.abort(grpc.StatusCode.ABORTED, "the KV handoff's lease expired")
         try:
             for n, start in enumerate(range(0, len(self.tokens), 2)):
                 if self.die_after_chunks is not None and n == self.die_after_chunks:
@@ -232,3 +236,14 @@ async def test_no_workers_is_503_and_unconsumed_handoff_is_released(
         await run(pipeline, spec(tokenizer))
     await pool.close()
     assert decode.released == ["r1"]
+
+
+async def test_rejected_handoff_is_prefilled_again(stack: Stack, tokenizer: Tokenizer) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = FakeWorker(tokens), FakeWorker(tokens)
+    decode.reject_handoffs = 1
+    pipeline, pool = await stack.pipeline({"prefill": [prefill], "decode": [decode]})
+    text, _, _ = await run(pipeline, spec(tokenizer))
+    await pool.close()
+    assert text == ANSWER
+    assert prefill.prefills == 2
