@@ -71,7 +71,8 @@ def _worker_args(
 def split_cores(cores: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Default CPU device groups for a local disaggregated stack: prefill on the first half of
     the cores, decode on the rest, so the two never fight over a core (the point of
-    disaggregating); vLLM's CPU threads otherwise spread over every core in each engine."""
+    disaggregating); vLLM's CPU threads otherwise spread over every core in each engine.
+    NIXL still runs its own progress thread on the last core (see docs/architecture.md)."""
     if cores < 2:
         return (), ()
     half = cores // 2
