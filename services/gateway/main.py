@@ -106,33 +106,17 @@ async def launch_stack(config: GatewayConfig, stack: LocalStack) -> tuple[str, d
                 ["--model", model_path, "--port", str(port), "--max-model-len", str(config.max_model_len)], port)  # fmt: skip
     topology = config.mode
     config = _with_default_groups(config)
-    for i in range(topology.colocated):
-        port = _port(config.decode, i)
-        stack.start(
-            f"pd-{i}",
-            "both",
-            "services.worker.main",
-            [*_worker_args(config, "both", model_path, served, config.decode), "--port", str(port)],
-            port,
-        )
-    for i in range(topology.prefill):
-        port = _port(config.prefill, i)
-        stack.start(
-            f"prefill-{i}",
-            "prefill",
-            "services.worker.main",
-            [*_worker_args(config, "prefill", model_path, served, config.prefill), "--port", str(port)],
-            port,
-        )
-    for i in range(topology.decode):
-        port = _port(config.decode, i)
-        stack.start(
-            f"decode-{i}",
-            "decode",
-            "services.worker.main",
-            [*_worker_args(config, "decode", model_path, served, config.decode), "--port", str(port)],
-            port,
-        )
+    # (name prefix, role, how many, options): colocated workers take the decode options.
+    launches = [
+        ("pd", "both", topology.colocated, config.decode),
+        ("prefill", "prefill", topology.prefill, config.prefill),
+        ("decode", "decode", topology.decode, config.decode),
+    ]
+    for prefix, role, count, options in launches:
+        for i in range(count):
+            port = _port(options, i)
+            args = [*_worker_args(config, role, model_path, served, options), "--port", str(port)]
+            stack.start(f"{prefix}-{i}", role, "services.worker.main", args, port)
     print(
         f"cleave: starting a local {topology.name} stack with {served} (logs in {stack.log_dir})",
         file=sys.stderr,

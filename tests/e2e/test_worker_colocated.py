@@ -16,23 +16,11 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service, child_env, log_dir, wait_healthy
-from tests.e2e.prompts import build_prompts
-from tests.e2e.stack import default_model_dir, start_worker
+from tests.e2e.stack import start_worker
 
 pytestmark = pytest.mark.anyio
 MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return default_model_dir()
-
-
-@pytest.fixture(scope="module")
-def prompts(model_dir: Path) -> list[tuple[str, list[int]]]:
-    return build_prompts(Tokenizer.from_config(TokenizerConfig(path=model_dir)))
 
 
 @pytest.fixture(scope="module")

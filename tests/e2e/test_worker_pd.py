@@ -18,10 +18,8 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service, child_env, log_dir, wait_healthy
-from tests.e2e.prompts import build_prompts
-from tests.e2e.stack import default_model_dir, start_worker
+from tests.e2e.stack import start_worker
 
 pytestmark = pytest.mark.anyio
 T = TypeVar("T")
@@ -32,16 +30,6 @@ MAX_TOKENS = 24
 # engines on two cores starve one another. A lease that expires first makes the decode
 # refuse the handoff (it would otherwise read freed blocks and emit wrong tokens).
 LEASE_S = 45
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return default_model_dir()
-
-
-@pytest.fixture(scope="module")
-def prompts(model_dir: Path) -> list[tuple[str, list[int]]]:
-    return build_prompts(Tokenizer.from_config(TokenizerConfig(path=model_dir)))
 
 
 @pytest.fixture(scope="module")

