@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.values import parse_port, parse_positive_int
-from libs.models.spec import DEFAULT_MODEL
+from services.flags import add_model_flags, add_server_flags
 
 # The same cache the workers use, so a GGUF converted by either is reused by both.
-DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "cleave" / "models"
 
 
 @dataclass(frozen=True)
@@ -33,18 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Cleave tokenizer: chat templates, tokenize, streaming detokenize with stop strings."
     )
     add = parser.add_argument
-    add("--model", default=DEFAULT_MODEL, help="'smollm2', a local Hugging Face folder, or a .gguf file")
-    add("--served-model-name", default=None, help="name GetInfo reports (default: the model's own)")
-    add(
-        "--model-cache-dir",
-        type=Path,
-        default=DEFAULT_MODEL_CACHE,
-        help="where converted GGUF models are kept",
-    )
-    add("--host", default="127.0.0.1")
-    add("--port", default="0", help="gRPC port (0 = any free port; the bound one is logged)")
-    add("--log-level", default="info")
-    add("--log-json", action="store_true")
+    add_model_flags(parser, served_name_help="name GetInfo reports (default: the model's own)")
+    add_server_flags(parser)
     add("--max-model-len", default="2048", help="context length reported by GetInfo")
     return parser
 

@@ -8,10 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.values import parse_choice, parse_device_group, parse_key_values, parse_port
-from libs.models.spec import DEFAULT_MODEL
 from libs.worker.config import Device, Role
-
-DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "cleave" / "models"
+from services.flags import add_model_flags, add_server_flags
 
 
 @dataclass(frozen=True)
@@ -46,19 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Cleave engine worker (vLLM): prefill, decode or both.")
     add = parser.add_argument
     add("--role", required=True, help="prefill, decode or both")
-    add("--model", default=DEFAULT_MODEL, help="'smollm2', a local Hugging Face folder, or a .gguf file")
-    add("--served-model-name", default=None)
-    add(
-        "--model-cache-dir",
-        type=Path,
-        default=DEFAULT_MODEL_CACHE,
-        help="where converted GGUF models are kept",
-    )
-    add("--host", default="127.0.0.1")
-    add("--port", default="0", help="gRPC port (0 = any free port; the bound one is logged)")
+    add_model_flags(parser)
+    add_server_flags(parser)
     add("--metrics-port", default=None, help="Prometheus /metrics port (unset = off)")
-    add("--log-level", default="info")
-    add("--log-json", action="store_true")
     add("--device", default="cpu", help="cpu, cuda or qaic")
     add("--device-group", default="", help="devices for this worker: '0..15', '0,2,4' or '3'")
     add("--max-model-len", type=int, default=2048)
