@@ -54,6 +54,9 @@ class WorkerConfig:
     kv_port: int = 5600
     # Seconds a prefill worker keeps KV for a decode worker that has not pulled it yet.
     kv_lease_s: int = 30
+    # Microseconds NIXL's progress thread sleeps between polls; 0 = NIXL's busy-polling
+    # default, which costs a full core per worker (see vllm_nixl_connector.py).
+    nixl_progress_delay_us: int = 1000
 
     def __post_init__(self) -> None:
         if self.max_model_len <= 0:
@@ -63,6 +66,8 @@ class WorkerConfig:
         if self.kv_lease_s < 6:
             # vLLM renews leases every lease/6 seconds (integer division).
             raise ConfigError("--kv-lease-s", self.kv_lease_s, "at least 6 seconds")
+        if self.nixl_progress_delay_us < 0:
+            raise ConfigError("--nixl-progress-delay-us", self.nixl_progress_delay_us, "0 or more")
         if self.speculative_config and self.role is Role.PREFILL:
             raise ConfigError(
                 "--speculative-config",

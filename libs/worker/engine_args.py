@@ -54,10 +54,15 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         kwargs["speculative_config"] = json.loads(config.speculative_config)
     if config.role in _KV_ROLES:
         kwargs["kv_transfer_config"] = {
+            # vLLM's NixlConnector, subclassed only to set NIXL's progress-thread delay.
             "kv_connector": "NixlConnector",
+            "kv_connector_module_path": "libs.worker.vllm_nixl_connector",
             "kv_role": _KV_ROLES[config.role],
             "kv_buffer_device": "cpu" if config.device is Device.CPU else "cuda",
-            "kv_connector_extra_config": {"kv_lease_duration": config.kv_lease_s},
+            "kv_connector_extra_config": {
+                "kv_lease_duration": config.kv_lease_s,
+                "nixl_progress_delay_us": config.nixl_progress_delay_us,
+            },
         }
     return kwargs
 

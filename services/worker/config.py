@@ -38,6 +38,7 @@ class WorkerProcessConfig:
     kv_host: str
     kv_port: int
     kv_lease_s: int
+    nixl_progress_delay_us: int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-host", default="127.0.0.1", help="NIXL side-channel host")
     add("--kv-port", default="5600", help="NIXL side-channel port")
     add("--kv-lease-s", type=int, default=30, help="seconds prefilled KV waits for its decode worker")
+    add(
+        "--nixl-progress-delay-us",
+        type=int,
+        default=1000,
+        help="NIXL progress-thread poll interval; 0 = NIXL's default busy polling (one core per worker)",
+    )
     return parser
 
 
@@ -96,4 +103,5 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerProcessConfig:
         kv_host=args.kv_host,
         kv_port=parse_port("--kv-port", args.kv_port),
         kv_lease_s=args.kv_lease_s,
+        nixl_progress_delay_us=args.nixl_progress_delay_us,
     )

@@ -49,6 +49,7 @@ def worker_config(process: WorkerProcessConfig) -> WorkerConfig:
         kv_host=process.kv_host,
         kv_port=process.kv_port,
         kv_lease_s=process.kv_lease_s,
+        nixl_progress_delay_us=process.nixl_progress_delay_us,
     )
 
 

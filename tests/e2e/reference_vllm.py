@@ -1,7 +1,7 @@
 """vLLM's own offline `LLM.generate`, one prompt at a time, greedy: the reference the
 disaggregated path must match token for token. Run as a child process by the e2e tests:
 
-    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS
+    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE]
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from libs.worker.config import Role, WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
 
 
-def main(model_dir: str, prompts_path: str, out_path: str, max_tokens: int) -> None:
+def main(model_dir: str, prompts_path: str, out_path: str, max_tokens: int, dtype: str = "auto") -> None:
     config = WorkerConfig(
-        role=Role.BOTH, model_path=Path(model_dir), served_model_name="reference", kv_port=5799
+        role=Role.BOTH, model_path=Path(model_dir), served_model_name="reference", kv_port=5799, dtype=dtype
     )
     os.environ.update(engine_environment(config))
     from vllm import LLM, SamplingParams
@@ -35,4 +35,4 @@ def main(model_dir: str, prompts_path: str, out_path: str, max_tokens: int) -> N
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:])

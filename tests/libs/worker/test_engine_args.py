@@ -26,7 +26,11 @@ def test_prefill_and_decode_get_nixl_with_their_kv_roles_and_lease() -> None:
     assert prefill["kv_transfer_config"]["kv_connector"] == "NixlConnector"
     assert prefill["kv_transfer_config"]["kv_role"] == "kv_producer"
     assert prefill["kv_transfer_config"]["kv_buffer_device"] == "cpu"
-    assert prefill["kv_transfer_config"]["kv_connector_extra_config"] == {"kv_lease_duration": 12}
+    assert prefill["kv_transfer_config"]["kv_connector_module_path"] == "libs.worker.vllm_nixl_connector"
+    assert prefill["kv_transfer_config"]["kv_connector_extra_config"] == {
+        "kv_lease_duration": 12,
+        "nixl_progress_delay_us": 1000,
+    }
     assert decode["kv_transfer_config"]["kv_role"] == "kv_consumer"
     assert "kv_transfer_config" not in engine_kwargs(config(role=Role.BOTH))
 

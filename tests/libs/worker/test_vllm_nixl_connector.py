@@ -1,0 +1,51 @@
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from libs.worker import vllm_nixl_connector
+from libs.worker.config import Role, WorkerConfig
+from libs.worker.engine_args import engine_kwargs
+from libs.worker.vllm_nixl_connector import NixlConnector, set_progress_delay
+
+
+class _FakeBindings:
+    def __init__(self) -> None:
+        self.created: list[tuple[str, int]] = []
+        self.DRAM_SEG = 7
+
+    def nixlAgent(self, name: str, config: Any) -> str:  # NIXL's own name
+        self.created.append((name, config.pthrDelay))
+        return f"agent:{name}"
+
+
+def test_vllm_resolves_the_configured_module_to_cleaves_connector() -> None:
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as VllmNixlConnector
+
+    config = WorkerConfig(role=Role.PREFILL, model_path=Path("/m"), served_model_name="m")
+    transfer = KVTransferConfig(**engine_kwargs(config)["kv_transfer_config"])
+    connector_class = KVConnectorFactory.get_connector_class(transfer)
+    assert connector_class is NixlConnector
+    assert issubclass(connector_class, VllmNixlConnector)
+    # vLLM's CPU platform and config code look connectors up by this name.
+    assert transfer.has_connector("NixlConnector")
+    assert transfer.get_from_extra_config("nixl_progress_delay_us", 0) == 1000
+
+
+def test_agents_created_after_the_patch_get_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = sys.modules[vllm_nixl_connector.NixlWrapper.__module__]
+    fake = _FakeBindings()
+    monkeypatch.setattr(api, "nixlBind", fake)
+
+    set_progress_delay(250)
+    agent = api.nixlBind.nixlAgent("a", SimpleNamespace(pthrDelay=0))
+    set_progress_delay(40)  # a second call re-targets the same wrapper, never nests
+    api.nixlBind.nixlAgent("b", SimpleNamespace(pthrDelay=0))
+
+    assert agent == "agent:a"
+    assert fake.created == [("a", 250), ("b", 40)]
+    assert api.nixlBind.DRAM_SEG == 7  # everything else passes through
