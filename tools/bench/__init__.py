@@ -1,0 +1,1 @@
+"""Cleave's benchmark load generator for any OpenAI-compatible endpoint (see main.py)."""
