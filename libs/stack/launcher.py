@@ -108,6 +108,21 @@ class LocalStack:
         except grpc.aio.AioRpcError:
             pass
 
+    async def watch(self, interval_s: float = 1.0) -> None:
+        """Reaps children that exit on their own and says so once, with the log to read.
+
+        The gateway keeps serving (its pool ejects the worker); without this the dead child
+        would linger as a zombie and nobody would be told where its last words are.
+        """
+        reported: set[str] = set()
+        while True:
+            for child in self.children:
+                code = child.process.poll()
+                if code is not None and child.name not in reported:
+                    reported.add(child.name)
+                    log.error("local service exited", service=child.name, code=code, log=str(child.log_path))
+            await asyncio.sleep(interval_s)
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM every child (graceful drain), then SIGKILL what is left, groups included."""
         for child in self.children:

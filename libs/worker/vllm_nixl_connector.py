@@ -47,7 +47,7 @@ class _AgentConfigDelay:
 
 def set_progress_delay(delay_us: int) -> None:
     """Make every NIXL agent created from now on in this process poll every `delay_us`."""
-    api = sys.modules[NixlWrapper.__module__]
+    api: Any = sys.modules[NixlWrapper.__module__]  # nixl_cu13._api (or nixl's)
     with _patch_lock:
         current = api.nixlBind
         if isinstance(current, _AgentConfigDelay):

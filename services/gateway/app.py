@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -159,47 +160,53 @@ def create_app(state: GatewayState) -> FastAPI:
         _check_model(state, body.model)
         check_supported(body)
         prompts = await _call_tokenizer(completion_prompts(state.tokenizer, body))
-        if len(prompts) != 1:
-            raise errors.unsupported("a list of several prompts", "prompt")
-        spec = _spec(state, body, prompts[0], body.max_tokens, body.logprobs)
+        specs = [_spec(state, body, prompt, body.max_tokens, body.logprobs) for prompt in prompts]
         if body.stream:
+            if len(specs) != 1:
+                raise errors.unsupported("streaming a list of several prompts", "prompt")
             return _stream(
                 state,
-                spec,
+                specs[0],
                 chat=False,
                 include_usage=bool(body.stream_options and body.stream_options.include_usage),
                 top=body.logprobs or 0,
             )
-        choices, finished = await _collect(state, spec)
-        echo = ""
-        if body.echo:
-            echo = (
-                await state.tokenizer.Detokenize(tokenizer_pb2.DetokenizeRequest(token_ids=prompts[0]))
-            ).text
+        # Several prompts run concurrently; as in OpenAI's API, prompt i's n choices get
+        # indices i*n .. i*n+n-1 and usage is the sum over prompts.
+        results = await asyncio.gather(*(_collect(state, spec) for spec in specs))
+        n = specs[0].sampling.n or 1
         out = []
-        for index, choice in sorted(choices.items()):
-            logprobs = None
-            if body.logprobs is not None:
-                logprobs = await responses.completion_logprobs(
-                    choice.logprobs, body.logprobs, _token_text(state)
+        for prompt_index, (prompt, (choices, _finished)) in enumerate(zip(prompts, results, strict=True)):
+            echo = ""
+            if body.echo:
+                request = tokenizer_pb2.DetokenizeRequest(token_ids=prompt)
+                echo = (await state.tokenizer.Detokenize(request)).text
+            for index, choice in sorted(choices.items()):
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = await responses.completion_logprobs(
+                        choice.logprobs, body.logprobs, _token_text(state)
+                    )
+                out.append(
+                    {
+                        "index": prompt_index * n + index,
+                        "text": echo + choice.text,
+                        "logprobs": logprobs,
+                        "finish_reason": choice.finish_reason,
+                    }
                 )
-            out.append(
-                {
-                    "index": index,
-                    "text": echo + choice.text,
-                    "logprobs": logprobs,
-                    "finish_reason": choice.finish_reason,
-                }
-            )
+        finished = [f for _choices, f in results]
         return JSONResponse(
             {
-                "id": f"cmpl-{spec.request_id}",
+                "id": f"cmpl-{specs[0].request_id}",
                 "object": "text_completion",
                 "created": responses.now(),
                 "model": state.served_model,
                 "choices": out,
                 "usage": responses.usage(
-                    finished.prompt_tokens, finished.completion_tokens, finished.cached_prompt_tokens
+                    sum(f.prompt_tokens for f in finished),
+                    sum(f.completion_tokens for f in finished),
+                    sum(f.cached_prompt_tokens for f in finished),
                 ),
             }
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -137,6 +138,8 @@ async def serve(config: GatewayConfig) -> None:
         cleanup.callback(stack.stop)
         if config.launches_stack:
             tokenizer_address, workers, served = await launch_stack(config, stack)
+            watcher = asyncio.create_task(stack.watch())
+            cleanup.callback(watcher.cancel)
         else:
             tokenizer_address = config.tokenizer_address or ""
             workers = {
@@ -184,6 +187,11 @@ def main() -> int:
         print(f"cleave gateway: {error}", file=sys.stderr)
         return 2
     configure_logging(level=config.log_level, json=config.log_json, service="gateway")
+    # SIGTERM stops the gateway the way Ctrl-C does (KeyboardInterrupt), so the local stack's
+    # children are stopped on the way out. Python's default SIGTERM action kills the process
+    # on the spot, and uvicorn re-raises the SIGTERM it caught once it has shut down, which
+    # orphaned every worker and its vLLM engine (seen in the e2e runs).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         asyncio.run(serve(config))
     except (ModelNotFoundError, TimeoutError, RuntimeError) as error:

@@ -1,8 +1,16 @@
-"""Fixtures' building blocks: the default model, and a worker started as a real process."""
+"""Fixtures' building blocks: the default model, a worker or a whole one-command stack
+started as real processes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 from pathlib import Path
+
+import httpx
+import psutil
 
 from libs.models.resolve import resolve_model
 from tests.e2e.harness import Service, free_port, start_module
@@ -27,3 +35,60 @@ def start_worker(role: str, model_dir: Path, *extra: str, name: str | None = Non
         *extra,
     ]  # fmt: skip
     return start_module(name or role, "services.worker.main", args, port)
+
+
+def start_gateway_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Service, str]:
+    """`services.gateway.main --mode MODE`: the gateway starts tokenizer and workers itself.
+
+    float32: SmolLM2's greedy answer to the France question is a near-tie in bf16 (vLLM's
+    bf16 kernels pick "L'Étoile..."; fp32 gives "The capital of France is Paris.").
+    """
+    port = free_port()
+    args = ["--mode", mode, "--port", str(port), "--model", str(default_model_dir()), "--dtype", "float32",
+            "--cache-dir", str(cache_dir), *extra]  # fmt: skip
+    service = start_module("gateway", "services.gateway.main", args, port)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ready(service, base_url, timeout_s=900)
+    except BaseException:
+        _stop_tree(service)
+        raise
+    print(
+        f"local {mode} stack ready after {service.ready_after_s:.1f} s, RSS {service.rss_mib():.0f} MiB (all processes)"
+    )
+    return service, base_url
+
+
+def stop_gateway_stack(service: Service) -> None:
+    """SIGTERM the gateway; every process of its local stack must be gone afterwards."""
+    alive = _stop_tree(service)
+    assert service.process.returncode == 0, f"gateway exited with {service.process.returncode}"
+    assert not alive, f"the gateway left {len(alive)} processes of its stack running: {alive}"
+
+
+def _stop_tree(service: Service) -> list[psutil.Process]:
+    """Stops the gateway; kills (and returns) whatever of its process tree outlived it."""
+    tree: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        tree = psutil.Process(service.process.pid).children(recursive=True)
+    service.stop(timeout_s=60)
+    _gone, alive = psutil.wait_procs(tree, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return list(alive)
+
+
+def wait_http_ready(service: Service, base_url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if service.process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {service.process.returncode}:\n{service.log_tail(60)}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                service.ready_after_s = time.perf_counter() - service.started_at
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"gateway not ready after {timeout_s}s:\n{service.log_tail(60)}")

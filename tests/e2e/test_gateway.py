@@ -12,49 +12,21 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.harness import Service, free_port, start_module
-from tests.e2e.stack import default_model_dir
+from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def wait_http_ready(service: Service, base_url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if service.process.poll() is not None:
-            raise RuntimeError(f"gateway exited with {service.process.returncode}:\n{service.log_tail(60)}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                service.ready_after_s = time.perf_counter() - service.started_at
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"gateway not ready after {timeout_s}s:\n{service.log_tail(60)}")
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    # float32: SmolLM2's greedy answer to the France question is a near-tie in bf16 (vLLM's
-    # bf16 kernels pick "L'Étoile..."; fp32 gives "The capital of France is Paris.").
-    # MODE=pd by default: the colocated stack, reliable on a 2-core CPU machine. MODE=1p1d
-    # drives the disaggregated stack (NIXL), which still stalls there at times (see
-    # tests/e2e/BUILD.bazel): ./bazel test //tests/e2e:test_gateway --test_env=CLEAVE_E2E_MODE=1p1d
-    mode = os.environ.get("CLEAVE_E2E_MODE", "pd")
-    args = ["--mode", mode, "--port", str(port), "--model", str(default_model_dir()), "--dtype", "float32",
-            "--cache-dir", str(tmp_path_factory.mktemp("cache"))]  # fmt: skip
-    service = start_module("gateway", "services.gateway.main", args, port)
-    base_url = f"http://127.0.0.1:{port}"
+    # 1p1d by default: prefill -> NIXL -> decode. CLEAVE_E2E_MODE=pd runs the same suite on
+    # the colocated stack: ./bazel test //tests/e2e:test_gateway --test_env=CLEAVE_E2E_MODE=pd
+    mode = os.environ.get("CLEAVE_E2E_MODE", "1p1d")
+    service, base_url = start_gateway_stack(mode, tmp_path_factory.mktemp("cache"))
     try:
-        wait_http_ready(service, base_url, timeout_s=900)
-        print(
-            f"local {mode} stack ready after {service.ready_after_s:.1f} s, RSS {service.rss_mib():.0f} MiB (all processes)"
-        )
         yield base_url
     finally:
-        service.stop(timeout_s=60)
-        assert service.process.returncode is not None
+        stop_gateway_stack(service)
 
 
 @pytest.fixture
@@ -132,6 +104,32 @@ def test_completions_api_with_echo(client: openai.OpenAI) -> None:
     )
     assert response.choices[0].text.startswith("The capital of France is")
     assert response.usage is not None and response.usage.completion_tokens == 5
+
+
+def test_completions_with_several_prompts(client: openai.OpenAI) -> None:
+    model = served_model(client)
+    prompts = ["The capital of France is", "One, two, three,"]
+    batch = client.completions.create(model=model, prompt=prompts, max_tokens=6, temperature=0)
+    singles = [client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0) for p in prompts]
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert [c.text for c in batch.choices] == [s.choices[0].text for s in singles]
+    assert batch.usage is not None
+    assert batch.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
+
+
+def test_langchain_chat_openai(gateway: str, client: openai.OpenAI) -> None:
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(
+        base_url=f"{gateway}/v1", api_key="unused", model=served_model(client), temperature=0, max_tokens=30
+    )
+    messages = [SystemMessage("You are a helpful assistant."), HumanMessage("What is the capital of France?")]
+    answer = chat.invoke(messages)
+    assert "Paris" in str(answer.content)
+    assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] > 0
+    streamed = "".join(str(chunk.content) for chunk in chat.stream(messages))
+    assert streamed == answer.content
 
 
 @pytest.mark.anyio

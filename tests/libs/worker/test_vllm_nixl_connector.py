@@ -5,7 +5,6 @@ from typing import Any
 
 import pytest
 
-from libs.worker import vllm_nixl_connector
 from libs.worker.config import Role, WorkerConfig
 from libs.worker.engine_args import engine_kwargs
 from libs.worker.vllm_nixl_connector import NixlConnector, set_progress_delay
@@ -37,7 +36,9 @@ def test_vllm_resolves_the_configured_module_to_cleaves_connector() -> None:
 
 
 def test_agents_created_after_the_patch_get_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = sys.modules[vllm_nixl_connector.NixlWrapper.__module__]
+    from vllm.distributed.nixl_utils import NixlWrapper
+
+    api = sys.modules[NixlWrapper.__module__]
     fake = _FakeBindings()
     monkeypatch.setattr(api, "nixlBind", fake)
 

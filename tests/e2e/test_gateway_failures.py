@@ -1,0 +1,122 @@
+"""Worker failures behind the gateway, on a real 2p1d stack with SmolLM2: a killed prefill
+worker is ejected and requests succeed on the other one; a decode worker killed mid-stream
+gives the client an error event within seconds, and the gateway stops routing to it.
+
+The two tests share one stack and run in file order (the second leaves no decode worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+from tests.e2e.harness import Service
+from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+    service, base_url = start_gateway_stack("2p1d", tmp_path_factory.mktemp("cache"))
+    try:
+        yield service, base_url
+    finally:
+        stop_gateway_stack(service)
+
+
+def workers(base_url: str, role: str) -> list[dict[str, object]]:
+    return [w for w in httpx.get(f"{base_url}/health", timeout=10).json()["workers"] if w["role"] == role]
+
+
+def kill_worker(gateway: Service, address: str) -> None:
+    """SIGKILL the worker serving `address` and its vLLM engine processes (its process group)."""
+    port = address.rsplit(":", 1)[1]
+    for child in psutil.Process(gateway.process.pid).children():
+        try:
+            cmdline = child.cmdline()
+        except psutil.Error:  # e.g. the worker killed by the previous test, not yet reaped
+            continue
+        if "services.worker.main" in cmdline and port in cmdline:
+            os.killpg(child.pid, signal.SIGKILL)
+            return
+    raise AssertionError(f"no worker process listens on {address}")
+
+
+def chat(base_url: str, model: str, **extra: object) -> httpx.Response:
+    body = {"model": model, "messages": QUESTION, "max_tokens": 8, "temperature": 0, **extra}
+    return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+
+
+def served_model(base_url: str) -> str:
+    return str(httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"])
+
+
+def wait_until_unhealthy(base_url: str, address: str, timeout_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if not any(w["healthy"] for w in workers(base_url, "prefill") + workers(base_url, "decode")
+                   if w["address"] == address):  # fmt: skip
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise AssertionError(f"{address} still routed to after {timeout_s} s")
+
+
+def test_killed_prefill_worker_is_ejected_and_requests_succeed(stack: tuple[Service, str]) -> None:
+    gateway, base_url = stack
+    model = served_model(base_url)
+    prefills = workers(base_url, "prefill")
+    assert len(prefills) == 2 and all(w["healthy"] for w in prefills), prefills
+    baseline = chat(base_url, model)
+    assert baseline.status_code == 200, baseline.text
+
+    victim = str(prefills[0]["address"])
+    kill_worker(gateway, victim)
+    # Requests sent right away may still pick the dead worker: the gateway retries them on
+    # the other prefill worker, so every one must succeed with the same greedy answer.
+    answers = [chat(base_url, model) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    texts = {a.json()["choices"][0]["message"]["content"] for a in answers}
+    assert texts == {baseline.json()["choices"][0]["message"]["content"]}
+
+    ejected_after = wait_until_unhealthy(base_url, victim, timeout_s=10)
+    print(f"killed prefill worker ejected within {ejected_after:.1f} s of the requests")
+    survivors = [w for w in workers(base_url, "prefill") if w["healthy"]]
+    assert [w["address"] for w in survivors] == [prefills[1]["address"]]
+
+
+def test_decode_killed_mid_stream_gives_an_error_event(stack: tuple[Service, str]) -> None:
+    gateway, base_url = stack
+    model = served_model(base_url)
+    (decode,) = workers(base_url, "decode")
+    body = {"model": model, "messages": QUESTION, "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    events: list[str] = []
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        killed_at = None
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[len("data: ") :])
+            if len(events) == 5 and killed_at is None:
+                kill_worker(gateway, str(decode["address"]))
+                killed_at = time.monotonic()
+        assert killed_at is not None, events
+        error_after = time.monotonic() - killed_at
+    print(f"client got the error event {error_after:.1f} s after the decode worker was killed")
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "worker_failed" and "decode" in error["message"], error
+    assert error_after < 10
+
+    wait_until_unhealthy(base_url, str(decode["address"]), timeout_s=10)
+    refused = chat(base_url, model)
+    assert refused.status_code == 503, refused.text
+    assert "decode" in refused.json()["error"]["message"]
