@@ -1,0 +1,67 @@
+"""The kvstore's configuration: one frozen value, built once at the process edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# LMCache's default chunk size; every process that shares a Redis must use the same one
+# (it is part of the layout fingerprint, so a mismatch misses instead of mixing chunks).
+DEFAULT_CHUNK_TOKENS = 256
+
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class KvStoreConfig:
+    # CPU memory tier: LMCache allocates this many bytes up front (and touches them).
+    cpu_bytes: int
+    # Local disk tier; None = no disk tier. The directory is created if missing and its
+    # chunks are adopted again after a restart.
+    disk_dir: Path | None = None
+    disk_bytes: int = 0
+    # Remote tier; None = no remote tier.
+    redis_url: str | None = None
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    # How long one Redis operation may take before Redis counts as down, and how often its
+    # health is probed (also how soon a down Redis is tried again).
+    remote_timeout_s: float = 1.0
+    remote_probe_interval_s: float = 2.0
+    # How long a Put waits for the disk and Redis copies before answering anyway.
+    write_timeout_s: float = 10.0
+    default_lease_s: float = 30.0
+    max_lease_s: float = 600.0
+    # Leases may pin at most this share of the CPU tier: the rest stays evictable, because
+    # LMCache stages every disk or Redis read in CPU memory and waits for room to free up.
+    max_pinned_fraction: float = 0.5
+    # A chunk larger than this share of the CPU tier is refused: staging it could need
+    # room that pinned chunks hold.
+    max_chunk_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.cpu_bytes <= 0:
+            raise ValueError("cpu_bytes must be positive: LMCache stages every tier in CPU memory")
+        if self.disk_dir is not None:
+            if self.disk_bytes <= 0:
+                raise ValueError("disk_bytes must be positive when disk_dir is set")
+            if "," in str(self.disk_dir):
+                # LMCache reads a comma-separated list of paths here.
+                raise ValueError(f"disk_dir must not contain ',': {self.disk_dir}")
+        if self.redis_url is not None and not self.redis_url.startswith(REDIS_URL_SCHEMES):
+            raise ValueError(f"redis_url must start with one of {REDIS_URL_SCHEMES}: {self.redis_url!r}")
+        if self.chunk_tokens <= 0:
+            raise ValueError("chunk_tokens must be positive")
+        if not 0 < self.max_pinned_fraction < 1 or not 0 < self.max_chunk_fraction < 1:
+            raise ValueError("max_pinned_fraction and max_chunk_fraction must be in (0, 1)")
+        if not 0 < self.default_lease_s <= self.max_lease_s:
+            raise ValueError("leases need 0 < default_lease_s <= max_lease_s")
+        if min(self.remote_timeout_s, self.remote_probe_interval_s, self.write_timeout_s) <= 0:
+            raise ValueError("timeouts and intervals must be positive")
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        return int(self.cpu_bytes * self.max_chunk_fraction)
+
+    @property
+    def max_pinned_cpu_bytes(self) -> int:
+        return int(self.cpu_bytes * self.max_pinned_fraction)

@@ -1,0 +1,85 @@
+"""Entry point of the Cleave kvstore service.
+
+./bazel run //services/kvstore -- --port 7700 --redis-url redis://127.0.0.1:6379
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from libs.observability.logging import configure_logging
+from libs.observability.metrics import start_metrics_server
+from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
+from services.kvstore.config import KvStoreProcessConfig, parse_args
+
+if TYPE_CHECKING:
+    from libs.kvstore.store import KvStore
+
+log = structlog.get_logger("cleave.kvstore")
+
+LEASE_SWEEP_INTERVAL_S = 1.0
+# LMCache gives each module's logger the level in this variable when the module is first
+# imported (INFO by default, printed on its own handlers); the default here is chosen
+# before LMCache is imported, and route_lmcache_logs then sends its lines through structlog.
+LMCACHE_LOG_LEVEL_ENV = "LMCACHE_LOG_LEVEL"
+
+
+async def expire_leases_forever(store: KvStore) -> None:
+    """Ends leases whose TTL passed even when no request arrives to notice it."""
+    while True:
+        await asyncio.sleep(LEASE_SWEEP_INTERVAL_S)
+        await asyncio.to_thread(store.expire_leases)
+
+
+async def run(process: KvStoreProcessConfig, store: KvStore, service: ServiceBinding) -> None:
+    server = GrpcServer(ServerConfig(host=process.host, port=process.port), [service])
+    sweeper = asyncio.create_task(expire_leases_forever(store))
+    try:
+        await serve_until_signal(server)
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        process = parse_args(argv)
+        configure_logging(level=process.log_level, json=process.log_json, service="kvstore")
+    except ValueError as error:  # ConfigError, bad --log-level
+        print(f"cleave kvstore: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    os.environ.setdefault(LMCACHE_LOG_LEVEL_ENV, "WARNING")
+    # Imported only now: LMCache reads the variable above at import (and takes seconds).
+    from libs.kvstore.store import KvStore
+    from libs.kvstore.tiers import route_lmcache_logs
+    from services.kvstore.servicer import KvStoreServicer, binding
+
+    route_lmcache_logs(logging.WARNING)
+    try:
+        store = KvStore(process.store)
+    except (ValueError, OSError) as error:  # e.g. a disk dir that cannot be created
+        print(f"cleave kvstore: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    route_lmcache_logs(logging.WARNING)  # loggers of modules LMCache imported while starting
+    try:
+        if process.metrics_port is not None:
+            port = start_metrics_server(process.metrics_port, host=process.host)
+            log.info("metrics server started", port=port)
+        asyncio.run(run(process, store, binding(KvStoreServicer(store))))
+    finally:
+        store.close()
+        log.info("kvstore closed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

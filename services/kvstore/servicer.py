@@ -1,0 +1,175 @@
+"""gRPC adapter of the kvstore: messages in and out, store calls in worker threads.
+
+KvStore's methods block (disk reads, Redis round trips), so each runs via asyncio.to_thread
+and the event loop keeps streaming other calls. Bad chunks are counted in PutResponse, not
+errors: a Put stream never dies halfway because one chunk was corrupt. Malformed requests
+(a key that is not a key, no layout for Lookup) end the call with INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+import structlog
+
+from cleave.common.v1 import common_pb2
+from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from cleave.worker.v1 import worker_pb2
+from libs.kvstore.identity import InvalidKey
+from libs.kvstore.metrics import Tier
+from libs.kvstore.store import KvStore, PutOutcome, StoreStats
+from libs.observability.logging import bind_request_id
+from libs.rpc.server import ServiceBinding
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KvStore"].full_name
+INTERNAL_MESSAGE = "internal error in the kvstore service"
+TIER_TO_PB = {
+    Tier.CPU: kvstore_pb2.TIER_CPU,
+    Tier.DISK: kvstore_pb2.TIER_DISK,
+    Tier.REMOTE: kvstore_pb2.TIER_REMOTE,
+}
+# Chunks handed to the store per call: its waits for disk and Redis overlap within a batch.
+PUT_BATCH_CHUNKS = 8
+PUT_BATCH_BYTES = 256 * 1024 * 1024
+
+
+def _bind(metadata: common_pb2.RequestMetadata) -> None:
+    if metadata.request_id:
+        bind_request_id(metadata.request_id)
+
+
+class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
+    def __init__(self, store: KvStore) -> None:
+        self._store = store
+
+    async def _call(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(call)
+        except InvalidKey as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except Exception:
+            log.exception("kvstore rpc failed", method=method)
+            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        raise AssertionError("context.abort returned")  # it raises; this keeps mypy honest
+
+    async def Put(
+        self, request_iterator: AsyncIterator[kvstore_pb2.PutRequest], context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.PutResponse:
+        counts = dict.fromkeys(PutOutcome, 0)
+        batch: list[kvstore_pb2.PutRequest] = []
+        batch_bytes = 0
+        async for request in request_iterator:
+            _bind(request.metadata)
+            batch.append(request)
+            batch_bytes += len(request.chunk.kv.data)
+            if len(batch) >= PUT_BATCH_CHUNKS or batch_bytes >= PUT_BATCH_BYTES:
+                await self._put_batch(batch, counts, context)
+                batch, batch_bytes = [], 0
+        if batch:
+            await self._put_batch(batch, counts, context)
+        return kvstore_pb2.PutResponse(
+            stored=counts[PutOutcome.STORED],
+            skipped_existing=counts[PutOutcome.EXISTS],
+            rejected=counts[PutOutcome.REJECTED],
+        )
+
+    async def _put_batch(
+        self,
+        batch: list[kvstore_pb2.PutRequest],
+        counts: dict[PutOutcome, int],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        # Consecutive messages usually share a layout; each run of one layout is one store call.
+        runs: list[tuple[worker_pb2.KvLayout, list[kvstore_pb2.KvChunk]]] = []
+        for request in batch:
+            if runs and runs[-1][0] == request.layout:
+                runs[-1][1].append(request.chunk)
+            else:
+                runs.append((request.layout, [request.chunk]))
+        for layout, chunks in runs:
+            outcomes = await self._call("Put", context, functools.partial(self._store.put, layout, chunks))
+            for outcome in outcomes:
+                counts[outcome] += 1
+
+    async def Get(
+        self, request: kvstore_pb2.GetRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[kvstore_pb2.GetResponse]:
+        _bind(request.metadata)
+        for key in request.keys:
+            fetched = await self._call("Get", context, functools.partial(self._store.get, key))
+            if fetched is None:
+                return  # a missing chunk ends the stream: later chunks are useless without it
+            yield kvstore_pb2.GetResponse(chunk=fetched.chunk, tier=TIER_TO_PB[fetched.tier])
+        if request.lease_id:
+            await self._call("Get", context, lambda: self._store.release(request.lease_id))
+
+    async def Lookup(
+        self, request: kvstore_pb2.LookupRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.LookupResponse:
+        _bind(request.metadata)
+        if not request.HasField("layout"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "layout is required: keys depend on it")
+        result = await self._call(
+            "Lookup", context, lambda: self._store.lookup(request.token_ids, request.layout)
+        )
+        return kvstore_pb2.LookupResponse(
+            matched_tokens=result.matched_tokens,
+            chunks=[
+                kvstore_pb2.ChunkLocation(key=key, tier=TIER_TO_PB[tier]) for key, tier in result.located
+            ],
+            keys=result.keys,
+        )
+
+    async def Lease(
+        self, request: kvstore_pb2.LeaseRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.LeaseResponse:
+        ttl_s = request.ttl_ms / 1000 if request.ttl_ms > 0 else None
+        grant = await self._call("Lease", context, lambda: self._store.lease(request.keys, ttl_s))
+        return kvstore_pb2.LeaseResponse(
+            lease_id=grant.lease_id, expires_unix_ms=grant.expires_unix_ms, num_pinned=grant.num_pinned
+        )
+
+    async def Release(
+        self, request: kvstore_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.ReleaseResponse:
+        found = await self._call("Release", context, lambda: self._store.release(request.lease_id))
+        return kvstore_pb2.ReleaseResponse(found=found)
+
+    async def GetStats(
+        self, request: kvstore_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.KvStoreStats:
+        return stats_message(await self._call("GetStats", context, self._store.stats))
+
+
+def stats_message(stats: StoreStats) -> kvstore_pb2.KvStoreStats:
+    return kvstore_pb2.KvStoreStats(
+        tiers=[
+            kvstore_pb2.TierStats(
+                tier=TIER_TO_PB[status.tier],
+                bytes_used=status.bytes_used,
+                bytes_capacity=status.bytes_capacity,
+                num_chunks=status.num_chunks,
+                hits=status.counts.hits,
+                misses=status.counts.misses,
+                evictions=status.counts.evictions,
+                bytes_in=status.counts.bytes_in,
+                bytes_out=status.counts.bytes_out,
+                available=status.available,
+            )
+            for status in stats.tiers
+        ],
+        num_leases=stats.num_leases,
+        chunks_rejected=stats.chunks_rejected,
+    )
+
+
+def binding(servicer: KvStoreServicer) -> ServiceBinding:
+    return ServiceBinding(SERVICE_NAME, servicer, kvstore_pb2_grpc.add_KvStoreServicer_to_server)
