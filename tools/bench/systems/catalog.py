@@ -1,0 +1,307 @@
+"""The serving systems the comparison starts, as plain data: each system's processes (command
+line and environment), its endpoint, and where its Prometheus metrics are.
+
+Fairness: every system gets the same weights folder, dtype, max-model-len, KV cache size
+(1 GiB, Cleave's worker default, which its gateway does not expose), max-num-seqs per engine,
+and the same cores; the vLLM engines get the settings Cleave's in-process engines use
+(eager mode, prefix caching, vLLM's own generation defaults, seed 0).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools.bench.systems.launch import ProcessSpec
+from tools.bench.systems.scrape import HistogramProbe
+
+SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "vllm-pd")
+CLEAVE_PREFIX = "cleave-"
+HOST = "127.0.0.1"
+
+# Cleave's workers get 1 GiB of CPU KV cache (services/worker --cpu-kv-cache-gib default);
+# vLLM's CPU backend takes the same from VLLM_CPU_KVCACHE_SPACE (an integer, GiB).
+KV_CACHE_GIB = 1
+# What Cleave's in-process AsyncLLM gets by default (vLLM's SchedulerConfig default); the
+# OpenAI server would also pick 2048 on CPU, but only by a different rule, so it is pinned.
+MAX_NUM_BATCHED_TOKENS = 2048
+
+_PREFILL_STAGE = "prefill_stage_ms"
+_ENGINE_PREFILL = "engine_prefill_ms"
+_KV_TRANSFER = "kv_transfer_ms"
+
+_COLOCATED = "n/a: colocated"
+_CLEAVE_UNMEASURED = {
+    _ENGINE_PREFILL: (
+        "not measured: the worker's cleave_worker_prefill_seconds is only exported with --metrics-port,"
+        " which the gateway's local stack does not pass"
+    ),
+    _KV_TRANSFER: "not measured: nothing in Cleave times the NIXL pull (no worker metric for it)",
+}
+
+# Column labels and what each stage number means, for the reports.
+STAGE_LABELS = {
+    _PREFILL_STAGE: "prefill stage",
+    _ENGINE_PREFILL: "engine prefill",
+    _KV_TRANSFER: "KV transfer",
+}
+STAGE_DESCRIPTIONS = {
+    _PREFILL_STAGE: "prefill request as the router sees it (queue + prompt compute + RPC), mean ms",
+    _ENGINE_PREFILL: "vLLM engine's prefill phase (scheduled -> first token), mean ms",
+    _KV_TRANSFER: "NIXL KV pull on the decode engine, mean ms",
+}
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    model_path: Path
+    served_name: str = "smollm2"
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    max_num_seqs: int = 8
+    cores: tuple[int, ...] = (0, 1)
+    python: str = sys.executable
+    startup_timeout_s: float = 900.0
+    # None: vLLM's own NixlConnector as shipped (its NIXL progress thread busy-polls a core).
+    # A number: Cleave's NixlConnector subclass with this poll interval, as Cleave's workers use.
+    vllm_pd_progress_delay_us: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.cores:
+            raise ValueError("no cores to run on")
+        if len(set(self.cores)) != len(self.cores):
+            raise ValueError(f"cores listed twice: {self.cores}")
+
+
+@dataclass(frozen=True)
+class SystemPlan:
+    name: str
+    base_url: str  # the OpenAI-compatible endpoint the benchmark talks to
+    processes: tuple[ProcessSpec, ...]  # started in this order, stopped in reverse
+    metrics_urls: dict[str, str] = field(default_factory=dict)  # source label -> /metrics URL
+    probes: tuple[HistogramProbe, ...] = ()
+    # Shown instead of a number for stages without a probe: n/a (the system has no such
+    # stage) or not measured (it has one, nothing times it), with the reason.
+    stage_notes: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def is_cleave(self) -> bool:
+        return self.name.startswith(CLEAVE_PREFIX)
+
+
+PortSource = Callable[[], int]
+
+
+def core_list(cores: Sequence[int]) -> str:
+    """(0, 1) -> '0-1', (0, 2, 3, 4) -> '0,2-4': a list both vLLM's VLLM_CPU_OMP_THREADS_BIND and
+    Cleave's --*-device-group accept."""
+    parts: list[str] = []
+    ordered = sorted(cores)
+    start = previous = ordered[0]
+    for core in [*ordered[1:], None]:
+        if core is not None and core == previous + 1:
+            previous = core
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if core is not None:
+            start = previous = core
+    return ",".join(parts)
+
+
+def split_cores(cores: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Prefill on the first half of the cores, decode on the rest (as Cleave's local stack
+    splits them); on 2 cores: prefill 0, decode 1."""
+    if len(cores) < 2:
+        raise ValueError(f"a disaggregated system needs at least 2 cores, got {list(cores)}")
+    ordered = sorted(cores)
+    half = len(ordered) // 2
+    return tuple(ordered[:half]), tuple(ordered[half:])
+
+
+def _vllm_server(
+    name: str,
+    settings: ServingSettings,
+    port: int,
+    cores: Sequence[int],
+    kv_transfer: dict[str, Any] | None = None,
+    side_channel_port: int | None = None,
+) -> ProcessSpec:
+    argv = [
+        settings.python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(settings.model_path),
+        "--served-model-name", settings.served_name,
+        "--host", HOST,
+        "--port", str(port),
+        "--max-model-len", str(settings.max_model_len),
+        "--dtype", settings.dtype,
+        "--max-num-seqs", str(settings.max_num_seqs),
+        "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--generation-config", "vllm",
+        "--seed", "0",
+    ]  # fmt: skip
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
+        "VLLM_CPU_OMP_THREADS_BIND": core_list(cores),
+        # Prefix-cache block hashes must agree across processes (Cleave's workers set it too).
+        "PYTHONHASHSEED": "0",
+    }
+    if kv_transfer is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer, separators=(",", ":"))]
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = HOST
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
+    return ProcessSpec(name, tuple(argv), env, f"http://{HOST}:{port}/health")
+
+
+def _kv_transfer_config(role: str, settings: ServingSettings) -> dict[str, Any]:
+    config: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
+    if settings.vllm_pd_progress_delay_us is not None:
+        config["kv_connector_module_path"] = "libs.worker.vllm_nixl_connector"
+        config["kv_connector_extra_config"] = {"nixl_progress_delay_us": settings.vllm_pd_progress_delay_us}
+    return config
+
+
+def _plan_vllm(settings: ServingSettings, ports: PortSource) -> SystemPlan:
+    port = ports()
+    url = f"http://{HOST}:{port}"
+    return SystemPlan(
+        "vllm",
+        url,
+        (_vllm_server("vllm", settings, port, settings.cores),),
+        metrics_urls={"server": f"{url}/metrics"},
+        probes=(HistogramProbe(_ENGINE_PREFILL, "server", "vllm:request_prefill_time_seconds"),),
+        stage_notes={_PREFILL_STAGE: _COLOCATED, _KV_TRANSFER: _COLOCATED},
+        description=f"vLLM OpenAI server, one engine on cores {core_list(settings.cores)}",
+    )
+
+
+def _plan_vllm_pd(settings: ServingSettings, ports: PortSource) -> SystemPlan:
+    prefill_cores, decode_cores = split_cores(settings.cores)
+    prefill_port, decode_port, proxy_port = ports(), ports(), ports()
+    prefill_side, decode_side = ports(), ports()
+    prefill_url, decode_url = f"http://{HOST}:{prefill_port}", f"http://{HOST}:{decode_port}"
+    proxy_url = f"http://{HOST}:{proxy_port}"
+    prefill = _vllm_server(
+        "vllm-pd-prefill", settings, prefill_port, prefill_cores,
+        _kv_transfer_config("kv_producer", settings), prefill_side,
+    )  # fmt: skip
+    decode = _vllm_server(
+        "vllm-pd-decode", settings, decode_port, decode_cores,
+        _kv_transfer_config("kv_consumer", settings), decode_side,
+    )  # fmt: skip
+    proxy = ProcessSpec(
+        "vllm-pd-proxy",
+        (
+            settings.python,
+            "-m",
+            "tools.vllm_disagg_proxy.main",
+            "--host",
+            HOST,
+            "--port",
+            str(proxy_port),
+            "--prefill",
+            prefill_url,
+            "--decode",
+            decode_url,
+        ),
+        health_url=f"{proxy_url}/health",
+    )
+    connector = (
+        "vLLM's NixlConnector"
+        if settings.vllm_pd_progress_delay_us is None
+        else f"Cleave's NixlConnector subclass (NIXL poll {settings.vllm_pd_progress_delay_us} us)"
+    )
+    return SystemPlan(
+        "vllm-pd",
+        proxy_url,
+        (prefill, decode, proxy),
+        metrics_urls={
+            "proxy": f"{proxy_url}/metrics",
+            "prefill": f"{prefill_url}/metrics",
+            "decode": f"{decode_url}/metrics",
+        },
+        probes=(
+            HistogramProbe(_PREFILL_STAGE, "proxy", "vllm_disagg_proxy_prefill_seconds"),
+            HistogramProbe(_ENGINE_PREFILL, "prefill", "vllm:request_prefill_time_seconds"),
+            HistogramProbe(_KV_TRANSFER, "decode", "vllm:nixl_xfer_time_seconds"),
+        ),
+        description=(
+            f"two vLLM OpenAI servers ({connector}), prefill on cores {core_list(prefill_cores)}, "
+            f"decode on cores {core_list(decode_cores)}, behind tools/vllm_disagg_proxy"
+        ),
+    )
+
+
+def _gateway_argv(settings: ServingSettings, mode: str, port: int) -> list[str]:
+    return [
+        settings.python, "-m", "services.gateway.main",
+        "--mode", mode,
+        "--host", HOST,
+        "--port", str(port),
+        "--model", str(settings.model_path),
+        "--served-model-name", settings.served_name,
+        "--max-model-len", str(settings.max_model_len),
+        "--dtype", settings.dtype,
+        "--prefill-max-num-seqs", str(settings.max_num_seqs),
+        "--decode-max-num-seqs", str(settings.max_num_seqs),
+        "--startup-timeout-s", str(int(settings.startup_timeout_s)),
+    ]  # fmt: skip
+
+
+def _plan_cleave(settings: ServingSettings, ports: PortSource, mode: str) -> SystemPlan:
+    port = ports()
+    url = f"http://{HOST}:{port}"
+    argv = _gateway_argv(settings, mode, port)
+    if mode == "pd":
+        # Colocated workers take the decode options: the one engine gets every core, as vLLM does.
+        argv += ["--decode-device-group", core_list(settings.cores)]
+        description = f"Cleave gateway, one colocated worker on cores {core_list(settings.cores)}"
+        probes: tuple[HistogramProbe, ...] = ()
+        notes = {
+            _PREFILL_STAGE: _COLOCATED,
+            _ENGINE_PREFILL: _CLEAVE_UNMEASURED[_ENGINE_PREFILL],
+            _KV_TRANSFER: _COLOCATED,
+        }
+    else:
+        prefill_cores, decode_cores = split_cores(settings.cores)
+        argv += [
+            "--prefill-device-group",
+            core_list(prefill_cores),
+            "--decode-device-group",
+            core_list(decode_cores),
+        ]
+        description = (
+            f"Cleave gateway, {mode}: prefill on cores {core_list(prefill_cores)}, "
+            f"decode on cores {core_list(decode_cores)}"
+        )
+        probes = (
+            HistogramProbe(_PREFILL_STAGE, "gateway", "cleave_gateway_stage_seconds", {"stage": "prefill"}),
+        )
+        notes = dict(_CLEAVE_UNMEASURED)
+    spec = ProcessSpec(f"cleave-{mode}", tuple(argv), {}, f"{url}/health")
+    return SystemPlan(
+        f"cleave-{mode}",
+        url,
+        (spec,),
+        metrics_urls={"gateway": f"{url}/metrics"},
+        probes=probes,
+        stage_notes=notes,
+        description=description,
+    )
+
+
+def plan_system(name: str, settings: ServingSettings, ports: PortSource) -> SystemPlan:
+    """The processes and endpoints of one system; ports come from `ports()` (free ports)."""
+    if name == "vllm":
+        return _plan_vllm(settings, ports)
+    if name == "vllm-pd":
+        return _plan_vllm_pd(settings, ports)
+    if name in ("cleave-pd", "cleave-1p1d"):
+        return _plan_cleave(settings, ports, name[len(CLEAVE_PREFIX) :])
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")

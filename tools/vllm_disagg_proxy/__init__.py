@@ -1,0 +1,1 @@
+"""A minimal OpenAI-compatible proxy for vLLM's disaggregated prefill/decode (NixlConnector)."""
