@@ -35,6 +35,8 @@ class ChatMessageIn(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # vLLM's extension (GuideLLM sends it): usage so far on every chunk.
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(_Strict):

@@ -22,6 +22,7 @@ from libs.gateway.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    StreamOptions,
     TokenizeRequest,
 )
 from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, Pipeline, SequenceEvent
@@ -127,7 +128,7 @@ def create_app(state: GatewayState) -> FastAPI:
                 state,
                 spec,
                 chat=True,
-                include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                options=body.stream_options or StreamOptions(),
                 top=top,
             )
         choices, finished = await _collect(state, spec)
@@ -168,7 +169,7 @@ def create_app(state: GatewayState) -> FastAPI:
                 state,
                 specs[0],
                 chat=False,
-                include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                options=body.stream_options or StreamOptions(),
                 top=body.logprobs or 0,
             )
         # Several prompts run concurrently; as in OpenAI's API, prompt i's n choices get
@@ -270,7 +271,7 @@ async def _collect(state: GatewayState, spec: GenerationSpec) -> tuple[dict[int,
 
 
 def _stream(
-    state: GatewayState, spec: GenerationSpec, *, chat: bool, include_usage: bool, top: int
+    state: GatewayState, spec: GenerationSpec, *, chat: bool, options: StreamOptions, top: int
 ) -> StreamingResponse:
     kind = "chat.completion.chunk" if chat else "text_completion"
     prefix = "chatcmpl" if chat else "cmpl"
@@ -291,6 +292,7 @@ def _stream(
         started = time.perf_counter()
         last = started
         first = True
+        completion_tokens = 0
         with bound_request_id(spec.request_id):
             try:
                 if chat:
@@ -307,7 +309,7 @@ def _stream(
                     )
                 async for event in state.pipeline.run(spec):
                     if isinstance(event, Finished):
-                        if include_usage:
+                        if options.include_usage:
                             yield chunk(
                                 [],
                                 usage=responses.usage(
@@ -346,7 +348,12 @@ def _stream(
                             "logprobs": logprobs,
                             "finish_reason": event.finish_reason,
                         }
-                    yield chunk([choice])
+                    completion_tokens += len(event.token_ids)
+                    if options.continuous_usage_stats:
+                        usage = responses.usage(len(spec.prompt_token_ids), completion_tokens, 0)
+                        yield chunk([choice], usage=usage)
+                    else:
+                        yield chunk([choice])
             except (errors.ApiError, MidStreamError) as error:
                 body = (
                     error.body()

@@ -58,6 +58,24 @@ def test_capital_of_france_non_streaming_and_streaming_agree(client: openai.Open
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_continuous_usage_stats_count_tokens_on_every_chunk(gateway: str, client: openai.OpenAI) -> None:
+    body = {
+        "model": served_model(client),
+        "messages": QUESTION,
+        "max_tokens": 8,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=body, timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    content = [e for e in events if e["choices"] and "usage" in e]
+    counts = [e["usage"]["completion_tokens"] for e in content]
+    assert counts == sorted(counts) and counts[-1] == 8, counts
+    assert len({e["usage"]["prompt_tokens"] for e in events if "usage" in e}) == 1
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 8
+
+
 def test_usage_matches_the_tokenizer(client: openai.OpenAI, gateway: str) -> None:
     model = served_model(client)
     response = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=5)
