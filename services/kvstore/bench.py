@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from cleave.kvstore.v1 import kvstore_pb2_grpc
 from cleave.worker.v1 import worker_pb2
 from libs.kvstore.chunks import tensor_crc32c
 from libs.rpc.channel import open_channel
+from libs.stack.launcher import free_port
 
 SMOLLM2 = worker_pb2.KvLayout(
     model_fingerprint="smollm2-135m-instruct-bench",
@@ -45,12 +45,6 @@ SMOLLM2 = worker_pb2.KvLayout(
     head_dim=64,
 )
 MIB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:

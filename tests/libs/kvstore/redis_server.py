@@ -7,21 +7,16 @@ off and the data directory is a temp dir, so nothing outlives the test.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
+from libs.stack.launcher import free_port
+
 REDIS_SERVER = "/usr/bin/redis-server"
 START_TIMEOUT_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def redis_server_binary() -> str:
@@ -36,7 +31,7 @@ def redis_server_binary() -> str:
 class RedisServer:
     def __init__(self, workdir: Path, port: int | None = None) -> None:
         self.workdir = workdir
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from cleave.kvstore.v1 import kvstore_pb2 as pb
 from cleave.kvstore.v1 import kvstore_pb2_grpc
 from libs.config.errors import ConfigError
 from libs.rpc.channel import open_channel
+from libs.stack.launcher import free_port
 from services.kvstore import main as entry
 from services.kvstore.config import parse_args, parse_bytes
 from tests.libs.kvstore.helpers import LAYOUT, make_chunk, prompt
@@ -79,15 +79,9 @@ def test_config_error_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) 
     assert err.startswith("cleave kvstore: --redis-url") and err.count("\n") == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class KvStoreProcess:
     def __init__(self, argv: list[str], log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with log_path.open("ab") as log:
@@ -154,7 +148,7 @@ def test_chunks_survive_a_killed_kvstore_through_redis(tmp_path: Path) -> None:
         chunks = asyncio.run(_put_and_lookup(first.address, tokens))
         first.kill()  # SIGKILL: no shutdown hook runs; a Put's answer means Redis has it
 
-        metrics_port = _free_port()
+        metrics_port = free_port()
         second = KvStoreProcess([*argv, "--metrics-port", str(metrics_port)], log_path)
         asyncio.run(second.wait_serving())
         lookup, replies = asyncio.run(_get_all(second.address, tokens))

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from libs.stack.launcher import free_port
 from tools.bench.compare import CompareOptions, GuidellmOptions, Planner, run_comparison, warmup_config
 from tools.bench.config import BenchConfig, WorkloadConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, run_benchmark
@@ -73,12 +74,6 @@ def server_script(tmp_path: Path) -> Path:
     path = tmp_path / "fake_system.py"
     path.write_text(FAKE_SERVER)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def fake_spec(
