@@ -57,6 +57,11 @@ class WorkerConfig:
     # Microseconds NIXL's progress thread sleeps between polls; 0 = NIXL's busy-polling
     # default, which costs a full core per worker (see vllm_nixl_connector.py).
     nixl_progress_delay_us: int = 1000
+    # host:port of the kvstore (fleet-wide prefix KV); None = no kvstore. Prefill and
+    # colocated workers save the prompt chunks they compute, every role loads stored ones.
+    kvstore_address: str | None = None
+    # Must equal the kvstore's --chunk-tokens (it is part of every chunk key).
+    kvstore_chunk_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.max_model_len <= 0:
@@ -68,12 +73,26 @@ class WorkerConfig:
             raise ConfigError("--kv-lease-s", self.kv_lease_s, "at least 6 seconds")
         if self.nixl_progress_delay_us < 0:
             raise ConfigError("--nixl-progress-delay-us", self.nixl_progress_delay_us, "0 or more")
+        if self.kvstore_chunk_tokens <= 0:
+            raise ConfigError("--kvstore-chunk-tokens", self.kvstore_chunk_tokens, "a positive integer")
+        if self.kv_cache_dtype == "mxint8" and self.kvstore_address is None:
+            raise ConfigError(
+                "--kv-cache-dtype",
+                self.kv_cache_dtype,
+                "a vLLM cache dtype; mxint8 is the kvstore's transfer and storage format and needs --kvstore-address",
+            )
         if self.speculative_config and self.role is Role.PREFILL:
             raise ConfigError(
                 "--speculative-config",
                 self.speculative_config,
                 "decode or both role (prefill emits one token)",
             )
+
+    @property
+    def engine_kv_cache_dtype(self) -> str:
+        """What vLLM's cache holds: MXINT8 is only how KV travels to and rests in the
+        kvstore (no CPU or CUDA attention kernel reads it), so the cache stays native."""
+        return "auto" if self.kv_cache_dtype == "mxint8" else self.kv_cache_dtype
 
     @property
     def transfers_kv(self) -> bool:

@@ -72,6 +72,8 @@ class EngineStats:
     prompt_tokens_local_cache_hit: int = 0
     prompt_tokens_external: int = 0
     requests_finished: int = 0
+    # Cumulative kvstore connector counters (lookups, tokens_loaded, ...); empty without one.
+    kvstore: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -25,7 +25,7 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         "max_model_len": config.max_model_len,
         "max_num_seqs": config.max_num_seqs,
         "enforce_eager": config.enforce_eager,
-        "kv_cache_dtype": config.kv_cache_dtype,
+        "kv_cache_dtype": config.engine_kv_cache_dtype,
         "generation_config": config.generation_config,
         "seed": config.seed,
         # Cleave's stats come from vLLM's stat loggers, which only run with stats on.
@@ -52,19 +52,53 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         kwargs["additional_config"] = additional
     if config.speculative_config:
         kwargs["speculative_config"] = json.loads(config.speculative_config)
+    connectors = []
     if config.role in _KV_ROLES:
+        connectors.append(_nixl_connector(config))
+    if config.kvstore_address is not None:
+        connectors.append(_kvstore_connector(config))
+    if len(connectors) == 1:
+        kwargs["kv_transfer_config"] = connectors[0]
+    elif connectors:
         kwargs["kv_transfer_config"] = {
-            # vLLM's NixlConnector, subclassed only to set NIXL's progress-thread delay.
-            "kv_connector": "NixlConnector",
-            "kv_connector_module_path": "libs.worker.vllm_nixl_connector",
+            # vLLM's MultiConnector: NIXL loads handed-over prompts, the kvstore the rest;
+            # both see every request's blocks.
+            "kv_connector": "MultiConnector",
             "kv_role": _KV_ROLES[config.role],
-            "kv_buffer_device": "cpu" if config.device is Device.CPU else "cuda",
-            "kv_connector_extra_config": {
-                "kv_lease_duration": config.kv_lease_s,
-                "nixl_progress_delay_us": config.nixl_progress_delay_us,
-            },
+            "kv_connector_extra_config": {"connectors": connectors},
+            "kv_load_failure_policy": "recompute",
         }
     return kwargs
+
+
+def _nixl_connector(config: WorkerConfig) -> dict[str, Any]:
+    return {
+        # vLLM's NixlConnector, subclassed only to set NIXL's progress-thread delay.
+        "kv_connector": "NixlConnector",
+        "kv_connector_module_path": "libs.worker.vllm_nixl_connector",
+        "kv_role": _KV_ROLES[config.role],
+        "kv_buffer_device": "cpu" if config.device is Device.CPU else "cuda",
+        "kv_connector_extra_config": {
+            "kv_lease_duration": config.kv_lease_s,
+            "nixl_progress_delay_us": config.nixl_progress_delay_us,
+        },
+    }
+
+
+def _kvstore_connector(config: WorkerConfig) -> dict[str, Any]:
+    return {
+        "kv_connector": "KvStoreConnector",
+        "kv_connector_module_path": "libs.kvconnector.vllm_connector",
+        "kv_role": "kv_both",
+        # A chunk that cannot be loaded is computed instead of failing the request.
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "kvstore_address": config.kvstore_address,
+            "kvstore_chunk_tokens": config.kvstore_chunk_tokens,
+            "kvstore_save": config.role is not Role.DECODE,
+            "kvstore_mxint8": config.kv_cache_dtype == "mxint8",
+        },
+    }
 
 
 def engine_environment(config: WorkerConfig) -> dict[str, str]:

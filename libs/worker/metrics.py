@@ -24,3 +24,8 @@ PROMPT_TOKENS = Gauge(
     ["source"],
 )
 LEASED_HANDOFFS = Gauge("cleave_worker_leased_handoffs", "Prefilled requests whose KV awaits a decode worker")
+KVSTORE_CONNECTOR = Gauge(
+    "cleave_worker_kvstore_connector",
+    "Cumulative kvstore connector counters (lookups, tokens_loaded, lookup_failures, ...)",
+    ["counter"],
+)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
+from google.protobuf.descriptor import FieldDescriptor
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
@@ -29,6 +30,18 @@ _FINISH = {
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
 }
+_KVSTORE_FIELDS = {f.name: f.type for f in worker_pb2.KvStoreConnectorStats.DESCRIPTOR.fields}
+
+
+def _kvstore_stats(counters: dict[str, float]) -> worker_pb2.KvStoreConnectorStats:
+    stats = worker_pb2.KvStoreConnectorStats()
+    for name, value in counters.items():
+        kind = _KVSTORE_FIELDS.get(name)
+        if kind is not None:
+            setattr(stats, name, value if kind == FieldDescriptor.TYPE_DOUBLE else int(value))
+    return stats
+
+
 _ROLES = {
     Role.PREFILL: worker_pb2.ROLE_PREFILL,
     Role.DECODE: worker_pb2.ROLE_DECODE,
@@ -207,6 +220,7 @@ class WorkerService:
             prompt_tokens_computed=engine.prompt_tokens_computed,
             prompt_tokens_local_cache_hit=engine.prompt_tokens_local_cache_hit,
             requests_finished=engine.requests_finished,
+            kvstore=_kvstore_stats(engine.kvstore),
         )
 
     def info(self) -> worker_pb2.WorkerInfo:

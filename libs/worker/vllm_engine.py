@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import AsyncIterator, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -16,6 +14,8 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from libs.kvconnector.vllm_connector import register as register_kvstore_connector
+from libs.models.fingerprint import model_fingerprint
 from libs.worker.engine import (
     EngineInfo,
     EngineStats,
@@ -39,6 +39,8 @@ class VllmEngine:
     @classmethod
     def start(cls, engine_kwargs: dict[str, Any]) -> VllmEngine:
         """Loads the model and starts the engine (seconds to minutes; blocks)."""
+        # vLLM's stat logging rebuilds connector stats by class name in this process.
+        register_kvstore_connector()
         args = AsyncEngineArgs(**engine_kwargs)
         engine = AsyncLLM.from_engine_args(args, stat_loggers=[CapturingStatLogger])
         stats = CapturingStatLogger.latest
@@ -145,17 +147,6 @@ def _engine_info(engine: AsyncLLM, model_path: Path) -> EngineInfo:
         engine_version=f"vllm {_vllm_version()} {config.device_config.device_type}",
         model_fingerprint=model_fingerprint(model_path, getattr(text_config, "model_type", "")),
     )
-
-
-def model_fingerprint(model_path: Path, model_type: str) -> str:
-    """Identity of the weights, not of the path: config.json plus weight file names and sizes."""
-    digest = hashlib.sha256(model_type.encode())
-    config_file = model_path / "config.json"
-    if config_file.exists():
-        digest.update(json.dumps(json.loads(config_file.read_text()), sort_keys=True).encode())
-    for weights in sorted(model_path.glob("*.safetensors")):
-        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
-    return digest.hexdigest()[:16]
 
 
 def _vllm_version() -> str:

@@ -13,6 +13,8 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from libs.worker.engine import EngineStats
 
+KVSTORE_CONNECTOR = "KvStoreConnector"  # libs.kvconnector.vllm_connector.CONNECTOR_NAME
+
 
 class CapturingStatLogger(StatLoggerBase):
     """Created by vLLM through `factory()`; the worker reads `latest` from the instance."""
@@ -31,6 +33,7 @@ class CapturingStatLogger(StatLoggerBase):
         engine_idx: int = 0,
     ) -> None:
         if scheduler_stats is not None:
+            self._add_kvstore(scheduler_stats.kv_connector_stats)
             self.stats.num_running = scheduler_stats.num_running_reqs
             self.stats.num_waiting = scheduler_stats.num_waiting_reqs
             self.stats.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
@@ -40,6 +43,18 @@ class CapturingStatLogger(StatLoggerBase):
             self.stats.prompt_tokens_local_cache_hit += sources.local_cache_hit
             self.stats.prompt_tokens_external += sources.external_kv_transfer
             self.stats.requests_finished += len(iteration_stats.finished_requests)
+
+    def _add_kvstore(self, connector_stats: dict[str, Any] | None) -> None:
+        """The kvstore connector's counters (libs/kvconnector/counters.py): at the top level
+        when it is the only connector, under its class name inside a MultiConnector."""
+        if not connector_stats:
+            return
+        data = connector_stats.get(KVSTORE_CONNECTOR, connector_stats)
+        if not isinstance(data, dict) or "lookups" not in data:
+            return
+        for name, value in data.items():
+            if isinstance(value, int | float):
+                self.stats.kvstore[name] = self.stats.kvstore.get(name, 0) + value
 
     def log_engine_initialized(self) -> None:
         pass

@@ -39,6 +39,8 @@ class WorkerProcessConfig:
     kv_port: int
     kv_lease_s: int
     nixl_progress_delay_us: int
+    kvstore_address: str | None
+    kvstore_chunk_tokens: int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         help="NIXL progress-thread poll interval; 0 = NIXL's default busy polling (one core per worker)",
     )
+    add(
+        "--kvstore-address",
+        default=None,
+        help="host:port of the kvstore (fleet-wide prefix KV); unset = none",
+    )
+    add("--kvstore-chunk-tokens", type=int, default=256, help="must equal the kvstore's --chunk-tokens")
     return parser
 
 
@@ -104,4 +112,6 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerProcessConfig:
         kv_port=parse_port("--kv-port", args.kv_port),
         kv_lease_s=args.kv_lease_s,
         nixl_progress_delay_us=args.nixl_progress_delay_us,
+        kvstore_address=args.kvstore_address,
+        kvstore_chunk_tokens=args.kvstore_chunk_tokens,
     )

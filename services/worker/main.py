@@ -50,6 +50,8 @@ def worker_config(process: WorkerProcessConfig) -> WorkerConfig:
         kv_port=process.kv_port,
         kv_lease_s=process.kv_lease_s,
         nixl_progress_delay_us=process.nixl_progress_delay_us,
+        kvstore_address=process.kvstore_address,
+        kvstore_chunk_tokens=process.kvstore_chunk_tokens,
     )
 
 

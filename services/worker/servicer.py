@@ -104,6 +104,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         metrics.PROMPT_TOKENS.labels("computed").set(stats.prompt_tokens_computed)
         metrics.PROMPT_TOKENS.labels("local_cache_hit").set(stats.prompt_tokens_local_cache_hit)
         metrics.PROMPT_TOKENS.labels("external").set(stats.prompt_tokens_external)
+        for field, value in stats.kvstore.ListFields():
+            metrics.KVSTORE_CONNECTOR.labels(field.name).set(value)
         return stats
 
     async def GetInfo(

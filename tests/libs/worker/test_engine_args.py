@@ -79,3 +79,39 @@ def test_invalid_configs_fail_with_the_flag_name() -> None:
         config(kv_lease_s=2)
     with pytest.raises(ConfigError, match=r"--speculative-config.*decode or both"):
         config(role=Role.PREFILL, speculative_config="{}")
+
+
+def test_a_kvstore_joins_nixl_through_multiconnector() -> None:
+    kwargs = engine_kwargs(
+        config(role=Role.PREFILL, kvstore_address="127.0.0.1:7000", kvstore_chunk_tokens=128)
+    )
+    transfer = kwargs["kv_transfer_config"]
+    assert transfer["kv_connector"] == "MultiConnector" and transfer["kv_role"] == "kv_producer"
+    assert transfer["kv_load_failure_policy"] == "recompute"
+    nixl, kvstore = transfer["kv_connector_extra_config"]["connectors"]
+    assert nixl["kv_connector"] == "NixlConnector"
+    assert kvstore["kv_connector_module_path"] == "libs.kvconnector.vllm_connector"
+    assert kvstore["kv_connector_extra_config"] == {
+        "kvstore_address": "127.0.0.1:7000",
+        "kvstore_chunk_tokens": 128,
+        "kvstore_save": True,
+        "kvstore_mxint8": False,
+    }
+
+
+def test_decode_workers_only_load_and_colocated_ones_use_the_kvstore_alone() -> None:
+    decode = engine_kwargs(config(role=Role.DECODE, kvstore_address="h:1"))["kv_transfer_config"]
+    assert (
+        decode["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]["kvstore_save"]
+        is False
+    )
+    both = engine_kwargs(config(role=Role.BOTH, kvstore_address="h:1"))["kv_transfer_config"]
+    assert both["kv_connector"] == "KvStoreConnector" and both["kv_connector_extra_config"]["kvstore_save"]
+
+
+def test_mxint8_is_the_kvstore_format_and_the_engine_cache_stays_native() -> None:
+    kwargs = engine_kwargs(config(role=Role.BOTH, kvstore_address="h:1", kv_cache_dtype="mxint8"))
+    assert kwargs["kv_cache_dtype"] == "auto"
+    assert kwargs["kv_transfer_config"]["kv_connector_extra_config"]["kvstore_mxint8"] is True
+    with pytest.raises(ConfigError, match=r"--kv-cache-dtype.*needs --kvstore-address"):
+        config(kv_cache_dtype="mxint8")

@@ -1,0 +1,216 @@
+"""Fleet-wide prefix reuse through the kvstore, on real vLLM workers with SmolLM2.
+
+A prefill worker (vLLM's MultiConnector: NIXL + the kvstore connector) computes a prompt with
+a ~2,000-token shared prefix and saves its chunks; a different worker then loads that prefix
+from the kvstore instead of computing it (its own counters say how many tokens), and its
+greedy output equals a cold run's. With the kvstore stopped, workers compute prompts
+themselves: a warning, a counter, and the right answer, never an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cleave.common.v1 import common_pb2
+from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.stack.launcher import free_port
+from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from tests.e2e.harness import Service, child_env, log_dir, start_module, wait_healthy
+from tests.e2e.prompts import _WORDS
+from tests.e2e.stack import start_worker
+from tests.libs.kvstore.redis_server import RedisServer
+
+pytestmark = pytest.mark.anyio
+PREFIX_TOKENS = 1900  # + a question + 16 new tokens stays under the 2,048-token context
+CHUNK_TOKENS = 256
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_config(TokenizerConfig(path=model_dir))
+
+
+def shared_prefix(tokenizer: Tokenizer, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    text = f"Reference notes #{seed}: " + " ".join(rng.choice(_WORDS) for _ in range(3 * PREFIX_TOKENS))
+    return tokenizer.encode(text)[:PREFIX_TOKENS]
+
+
+def question(tokenizer: Tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(f"\n\nQuestion: {text}\nAnswer:", add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer: Tokenizer) -> dict[str, list[int]]:
+    prefix = shared_prefix(tokenizer, seed=1)
+    return {
+        "first": prefix + question(tokenizer, "Which word appears first in the notes?"),
+        "second": prefix + question(tokenizer, "Which word appears last in the notes?"),
+        "unreachable": shared_prefix(tokenizer, seed=2)
+        + question(tokenizer, "Name one word from the notes."),
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+    """vLLM's own LLM.generate, cold, in a child process (tests/e2e/reference_vllm.py)."""
+    folder = log_dir()
+    names = sorted(prompts)
+    prompts_file, out_file = folder / "kvstore-prompts.json", folder / "kvstore-reference.json"
+    prompts_file.write_text(json.dumps([prompts[name] for name in names]))
+    with (folder / "kvstore-reference.log").open("wb") as log:
+        subprocess.run(
+            [sys.executable, "-m", "tests.e2e.reference_vllm", str(model_dir), str(prompts_file), str(out_file),
+             str(MAX_TOKENS), "float32"],
+            stdout=log, stderr=subprocess.STDOUT, env=child_env(), check=True, timeout=900,
+        )  # fmt: skip
+    return dict(zip(names, json.loads(out_file.read_text()), strict=True))
+
+
+@pytest.fixture(scope="module")
+def stack(reference: dict[str, list[int]], model_dir: Path) -> Iterator[dict[str, Service]]:
+    redis = RedisServer(log_dir() / "redis").start()
+    port = free_port()
+    kvstore = start_module(
+        "kvstore",
+        "services.kvstore.main",
+        [
+            "--port",
+            str(port),
+            "--cpu-bytes",
+            "512MiB",
+            "--redis-url",
+            redis.url,
+            "--chunk-tokens",
+            str(CHUNK_TOKENS),
+        ],
+        port,
+    )
+    common = ("--dtype", "float32", "--kvstore-address", kvstore.address,
+              "--kvstore-chunk-tokens", str(CHUNK_TOKENS))  # fmt: skip
+    services = {"kvstore": kvstore}
+    try:
+        asyncio.run(wait_healthy(kvstore, timeout_s=120))
+        services["prefill"] = start_worker(
+            "prefill", model_dir, *common, "--device-group", "0", name="prefill"
+        )
+        services["both"] = start_worker("both", model_dir, *common, "--device-group", "1", name="both")
+        for name in ("prefill", "both"):
+            asyncio.run(wait_healthy(services[name], timeout_s=600))
+        yield services
+    finally:
+        for service in services.values():
+            service.stop()
+        redis.stop()
+
+
+async def generate(
+    service: Service, request_id: str, ids: list[int], max_tokens: int = MAX_TOKENS
+) -> tuple[list[int], float]:
+    """Greedy tokens and the time to the first one."""
+    started = time.perf_counter()
+    first: float | None = None
+    tokens: list[int] = []
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        request = worker_pb2.GenerateRequest(
+            metadata=common_pb2.RequestMetadata(request_id=request_id),
+            prompt_token_ids=ids,
+            sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        )
+        async for response in stub.Generate(request):
+            assert not response.HasField("error"), response.error.message
+            if response.HasField("chunk") and response.chunk.token_ids:
+                first = first or time.perf_counter() - started
+                tokens.extend(response.chunk.token_ids)
+    assert first is not None
+    return tokens, first
+
+
+async def prefill(service: Service, request_id: str, ids: list[int]) -> float:
+    """Prefill-only (its KV then waits for a decode worker until its lease ends); seconds."""
+    started = time.perf_counter()
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        response = await worker_pb2_grpc.WorkerStub(channel).Prefill(
+            worker_pb2.PrefillRequest(
+                metadata=common_pb2.RequestMetadata(request_id=request_id),
+                prompt_token_ids=ids,
+                sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+            )
+        )
+    assert response.handoff.num_tokens == len(ids)
+    return time.perf_counter() - started
+
+
+async def stats(service: Service) -> worker_pb2.WorkerStats:
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        return await worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest())
+
+
+async def stored_chunks(kvstore: Service, at_least: int, timeout_s: float = 20.0) -> int:
+    """Chunks in the kvstore's CPU tier, once there are `at_least` (saving is asynchronous)."""
+    deadline = time.monotonic() + timeout_s
+    async with grpc.aio.insecure_channel(kvstore.address) as channel:
+        stub = kvstore_pb2_grpc.KvStoreStub(channel)
+        while True:
+            stats = await stub.GetStats(kvstore_pb2.GetStatsRequest())
+            count = sum(t.num_chunks for t in stats.tiers if t.tier == kvstore_pb2.TIER_CPU)
+            if count >= at_least or time.monotonic() > deadline:
+                return count
+            await asyncio.sleep(0.2)
+
+
+async def settled_stats(service: Service) -> worker_pb2.WorkerStats:
+    # vLLM's stat loggers run on its output loop; give the last step's counters a moment.
+    await asyncio.sleep(1.5)
+    return await stats(service)
+
+
+async def test_a_prefix_saved_by_one_worker_is_loaded_by_another(
+    stack: dict[str, Service], prompts: dict[str, list[int]], reference: dict[str, list[int]]
+) -> None:
+    # Cold: the prefill worker computes `first` and saves its full chunks in the background.
+    cold_ttft = await prefill(stack["prefill"], "cold-first", prompts["first"])
+    full_chunks = len(prompts["first"]) // CHUNK_TOKENS
+    assert await stored_chunks(stack["kvstore"], at_least=full_chunks) >= full_chunks
+    saved = await stats(stack["prefill"])
+
+    # Warm: another worker, another prompt with the same ~1,900-token prefix.
+    before = await stats(stack["both"])
+    tokens, warm_ttft = await generate(stack["both"], "warm-second", prompts["second"])
+    after = await settled_stats(stack["both"])
+    loaded = after.kvstore.tokens_loaded - before.kvstore.tokens_loaded
+    print(
+        f"prefix {PREFIX_TOKENS} tokens: {loaded} loaded from the kvstore ({loaded / PREFIX_TOKENS:.0%}); "
+        f"TTFT cold (prefill worker) {cold_ttft * 1000:.0f} ms, warm {warm_ttft * 1000:.0f} ms; "
+        f"save copy {saved.kvstore.save_copy_seconds * 1000:.1f} ms in all"
+    )
+    assert loaded >= 0.9 * PREFIX_TOKENS, after.kvstore
+    assert after.prompt_tokens_external - before.prompt_tokens_external == loaded
+    assert after.kvstore.load_failures == before.kvstore.load_failures
+    assert tokens == reference["second"]
+
+
+async def test_an_unreachable_kvstore_means_computing_not_failing(
+    stack: dict[str, Service], prompts: dict[str, list[int]], reference: dict[str, list[int]]
+) -> None:
+    stack["kvstore"].stop()
+    before = await stats(stack["both"])
+    tokens, _ = await generate(stack["both"], "kvstore-down", prompts["unreachable"])
+    after = await settled_stats(stack["both"])
+    assert tokens == reference["unreachable"]
+    assert after.kvstore.lookup_failures > before.kvstore.lookup_failures
+    assert after.prompt_tokens_external == before.prompt_tokens_external
+    assert "kvstore unreachable" in stack["both"].log_path.read_text(errors="replace")
