@@ -7,7 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+from vllm.v1.metrics.utils import create_metric_per_engine
 
 COUNTERS = (
     "lookups",
@@ -67,3 +68,30 @@ class CounterBox:
                 return None
             taken, self._stats = self._stats, KvStoreConnectorStats()
             return taken
+
+
+class KvStorePromMetrics(KVConnectorPromMetrics):
+    """vLLM's Prometheus logger records connector stats through this (a MultiConnector
+    refuses stats from a child connector without one). Exported as vllm:cleave_kvstore_*."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type[Any], type[Any]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._per_engine: dict[str, dict[int, Any]] = {}
+        for name in COUNTERS + SECONDS:
+            counter = self._counter_cls(
+                name=f"vllm:cleave_kvstore_{name}",
+                documentation=f"Cleave kvstore connector: {name.replace('_', ' ')}",
+                labelnames=labelnames,
+            )
+            self._per_engine[name] = create_metric_per_engine(counter, per_engine_labelvalues)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            if name in self._per_engine and value:
+                self._per_engine[name][engine_idx].inc(value)

@@ -38,7 +38,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 from cleave.worker.v1 import worker_pb2
 from libs.kvconnector import paged
 from libs.kvconnector.client import KvStoreClient, KvStoreUnavailable
-from libs.kvconnector.counters import CounterBox, KvStoreConnectorStats
+from libs.kvconnector.counters import CounterBox, KvStoreConnectorStats, KvStorePromMetrics
 from libs.kvconnector.plan import (
     LoadSpec,
     RequestState,
@@ -326,6 +326,16 @@ class KvStoreConnector(KVConnectorBase_V1):
         if data:
             stats.aggregate(KvStoreConnectorStats(data=dict(data)))
         return stats
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type[Any], type[Any]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KvStorePromMetrics:
+        return KvStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._saver is not None:

@@ -75,11 +75,16 @@ class WorkerConfig:
             raise ConfigError("--nixl-progress-delay-us", self.nixl_progress_delay_us, "0 or more")
         if self.kvstore_chunk_tokens <= 0:
             raise ConfigError("--kvstore-chunk-tokens", self.kvstore_chunk_tokens, "a positive integer")
-        if self.kv_cache_dtype == "mxint8" and self.kvstore_address is None:
+        if (
+            self.kv_cache_dtype == "mxint8"
+            and self.device is not Device.QAIC
+            and self.kvstore_address is None
+        ):
             raise ConfigError(
                 "--kv-cache-dtype",
                 self.kv_cache_dtype,
-                "a vLLM cache dtype; mxint8 is the kvstore's transfer and storage format and needs --kvstore-address",
+                "a vLLM cache dtype; off QAIC, mxint8 is the kvstore's transfer and storage format "
+                "and needs --kvstore-address",
             )
         if self.speculative_config and self.role is Role.PREFILL:
             raise ConfigError(
@@ -90,9 +95,12 @@ class WorkerConfig:
 
     @property
     def engine_kv_cache_dtype(self) -> str:
-        """What vLLM's cache holds: MXINT8 is only how KV travels to and rests in the
-        kvstore (no CPU or CUDA attention kernel reads it), so the cache stays native."""
-        return "auto" if self.kv_cache_dtype == "mxint8" else self.kv_cache_dtype
+        """What vLLM's cache holds. The QAIC plugin keeps KV in MXINT8 itself (qaic_disagg's
+        `--kv-cache-dtype mxint8`); elsewhere MXINT8 is only how KV travels to and rests in
+        the kvstore (no CPU or CUDA attention kernel reads it), so the cache stays native."""
+        if self.kv_cache_dtype == "mxint8" and self.device is not Device.QAIC:
+            return "auto"
+        return self.kv_cache_dtype
 
     @property
     def transfers_kv(self) -> bool:

@@ -96,7 +96,7 @@ def _kvstore_connector(config: WorkerConfig) -> dict[str, Any]:
             "kvstore_address": config.kvstore_address,
             "kvstore_chunk_tokens": config.kvstore_chunk_tokens,
             "kvstore_save": config.role is not Role.DECODE,
-            "kvstore_mxint8": config.kv_cache_dtype == "mxint8",
+            "kvstore_mxint8": config.kv_cache_dtype == "mxint8" and config.device is not Device.QAIC,
         },
     }
 

@@ -49,6 +49,16 @@ class GatewayConfig:
     log_level: str
     log_json: bool
     startup_timeout_s: float
+    # Fleet-wide prefix KV: an existing kvstore's address for the local stack's workers, or
+    # `kvstore` to have the local stack start one (CPU tier, plus Redis when a URL is given).
+    kvstore: bool = False
+    kvstore_address: str | None = None
+    kvstore_cpu_bytes: str = "1GiB"
+    kvstore_redis_url: str | None = None
+
+    @property
+    def uses_kvstore(self) -> bool:
+        return self.kvstore or self.kvstore_address is not None
 
     @property
     def launches_stack(self) -> bool:
@@ -90,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-level", default="info")
     add("--log-json", action="store_true")
     add("--startup-timeout-s", type=float, default=900.0)
+    add(
+        "--kvstore",
+        action="store_true",
+        help="local stack: start a kvstore; workers share prompt-prefix KV through it",
+    )
+    add("--kvstore-address", default=None, help="local stack: workers use this running kvstore (host:port)")
+    add("--kvstore-cpu-bytes", default="1GiB", help="the local kvstore's CPU memory tier")
+    add(
+        "--kvstore-redis-url",
+        default=None,
+        help="the local kvstore's Redis tier, e.g. redis://127.0.0.1:6379",
+    )
     return p
 
 
@@ -144,7 +166,15 @@ def parse_args(argv: Sequence[str] | None = None) -> GatewayConfig:
         log_level=args.log_level,
         log_json=args.log_json,
         startup_timeout_s=args.startup_timeout_s,
+        kvstore=args.kvstore,
+        kvstore_address=args.kvstore_address,
+        kvstore_cpu_bytes=args.kvstore_cpu_bytes,
+        kvstore_redis_url=args.kvstore_redis_url,
     )
+    if config.kvstore and config.kvstore_address:
+        raise ConfigError(
+            "--kvstore", True, "either --kvstore (start one) or --kvstore-address (use one), not both"
+        )
     if not config.launches_stack and not config.tokenizer_address:
         raise ConfigError(
             "--tokenizer", None, "the tokenizer service's address when worker addresses are given"

@@ -34,8 +34,13 @@ from services.gateway.config import GatewayConfig, RoleOptions, parse_args
 log = structlog.get_logger("cleave.gateway")
 
 
-def _worker_args(
-    config: GatewayConfig, role: str, model_path: str, served: str, options: RoleOptions | None
+def worker_args(
+    config: GatewayConfig,
+    role: str,
+    model_path: str,
+    served: str,
+    options: RoleOptions | None,
+    kvstore_address: str | None = None,
 ) -> list[str]:
     args = [
         "--role",
@@ -66,7 +71,20 @@ def _worker_args(
             args += ["--override-qaic-config", " ".join(f"{k}:{v}" for k, v in options.override_qaic_config)]
     if role in ("decode", "both") and config.decode_speculative_config:
         args += ["--speculative-config", config.decode_speculative_config]
+    if kvstore_address:
+        args += ["--kvstore-address", kvstore_address]
     return args
+
+
+def _start_kvstore(config: GatewayConfig, stack: LocalStack) -> str | None:
+    """The kvstore the workers use: the one given, one started here, or none."""
+    if not config.kvstore:
+        return config.kvstore_address
+    port = free_port()
+    args = ["--port", str(port), "--cpu-bytes", config.kvstore_cpu_bytes, "--log-level", config.log_level]
+    if config.kvstore_redis_url:
+        args += ["--redis-url", config.kvstore_redis_url]
+    return stack.start("kvstore", "kvstore", "services.kvstore.main", args, port).address
 
 
 def split_cores(cores: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -105,6 +123,7 @@ async def launch_stack(config: GatewayConfig, stack: LocalStack) -> tuple[str, d
     port = free_port()
     stack.start("tokenizer", "tokenizer", "services.tokenizer.main",
                 ["--model", model_path, "--port", str(port), "--max-model-len", str(config.max_model_len)], port)  # fmt: skip
+    kvstore_address = _start_kvstore(config, stack)
     topology = config.mode
     config = _with_default_groups(config)
     # (name prefix, role, how many, options): colocated workers take the decode options.
@@ -116,7 +135,11 @@ async def launch_stack(config: GatewayConfig, stack: LocalStack) -> tuple[str, d
     for prefix, role, count, options in launches:
         for i in range(count):
             port = _port(options, i)
-            args = [*_worker_args(config, role, model_path, served, options), "--port", str(port)]
+            args = [
+                *worker_args(config, role, model_path, served, options, kvstore_address),
+                "--port",
+                str(port),
+            ]
             stack.start(f"{prefix}-{i}", role, "services.worker.main", args, port)
     print(
         f"cleave: starting a local {topology.name} stack with {served} (logs in {stack.log_dir})",

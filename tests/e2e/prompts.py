@@ -85,3 +85,14 @@ def build_prompts(tokenizer: Tokenizer) -> list[tuple[str, list[int]]]:
     for text in RAW:
         prompts.append((text[:40], tokenizer.encode(text, add_special_tokens=False)))
     return prompts
+
+
+def shared_prefix(tokenizer: Tokenizer, seed: int, tokens: int) -> list[int]:
+    """`tokens` token ids of seeded random notes: a long shared context (system prompt, document)."""
+    rng = random.Random(seed)
+    text = f"Reference notes #{seed}: " + " ".join(rng.choice(_WORDS) for _ in range(3 * tokens))
+    return tokenizer.encode(text)[:tokens]
+
+
+def question(tokenizer: Tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(f"\n\nQuestion: {text}\nAnswer:", add_special_tokens=False)

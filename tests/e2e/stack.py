@@ -3,15 +3,18 @@ started as real processes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import psutil
 
+from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from libs.models.resolve import resolve_model
 from tests.e2e.harness import Service, free_port, start_module
 
@@ -92,3 +95,16 @@ def wait_http_ready(service: Service, base_url: str, timeout_s: float) -> None:
             pass
         time.sleep(1)
     raise TimeoutError(f"gateway not ready after {timeout_s}s:\n{service.log_tail(60)}")
+
+
+async def stored_chunks(kvstore_address: str, at_least: int, timeout_s: float = 20.0) -> int:
+    """Chunks in the kvstore's CPU tier, once there are `at_least` (saving is asynchronous)."""
+    deadline = time.monotonic() + timeout_s
+    async with grpc.aio.insecure_channel(kvstore_address) as channel:
+        stub = kvstore_pb2_grpc.KvStoreStub(channel)
+        while True:
+            stats = await stub.GetStats(kvstore_pb2.GetStatsRequest())
+            count = sum(t.num_chunks for t in stats.tiers if t.tier == kvstore_pb2.TIER_CPU)
+            if count >= at_least or time.monotonic() > deadline:
+                return count
+            await asyncio.sleep(0.2)

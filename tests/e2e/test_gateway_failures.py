@@ -1,31 +1,44 @@
-"""Worker failures behind the gateway, on a real 2p1d stack with SmolLM2: a killed prefill
-worker is ejected and requests succeed on the other one; a decode worker killed mid-stream
-gives the client an error event within seconds, and the gateway stops routing to it.
+"""A real 2p1d stack with SmolLM2 and a kvstore, round-robin routing: a prompt computed on
+one prefill worker is loaded from the kvstore by the other (its counters say how much), with
+the same greedy output. Then worker failures: a killed prefill worker is ejected and requests
+succeed on the other one; a decode worker killed mid-stream gives the client an error event
+within seconds, and the gateway stops routing to it.
 
-The two tests share one stack and run in file order (the second leaves no decode worker).
+The tests share one stack and run in file order (the last leaves no decode worker).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import grpc
 import httpx
 import psutil
 import pytest
 
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
+from tests.e2e.prompts import question, shared_prefix
+from tests.e2e.stack import start_gateway_stack, stop_gateway_stack, stored_chunks
+
+PREFIX_TOKENS = 1900
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
-    service, base_url = start_gateway_stack("2p1d", tmp_path_factory.mktemp("cache"))
+    service, base_url = start_gateway_stack(
+        "2p1d", tmp_path_factory.mktemp("cache"), "--kvstore", "--kvstore-cpu-bytes", "512MiB",
+        "--routing", "round_robin",
+    )  # fmt: skip
     try:
         yield service, base_url
     finally:
@@ -34,6 +47,55 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, s
 
 def workers(base_url: str, role: str) -> list[dict[str, object]]:
     return [w for w in httpx.get(f"{base_url}/health", timeout=10).json()["workers"] if w["role"] == role]
+
+
+def child_port(gateway: Service, module: str) -> str:
+    """The --port of the local stack's child running `module`."""
+    for child in psutil.Process(gateway.process.pid).children():
+        cmdline = child.cmdline()
+        if module in cmdline:
+            return cmdline[cmdline.index("--port") + 1]
+    raise AssertionError(f"no {module} in the local stack")
+
+
+def worker_stats(address: str) -> worker_pb2.WorkerStats:
+    with grpc.insecure_channel(address) as channel:
+        return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=10)
+
+
+def test_a_prompt_computed_on_one_prefill_worker_is_loaded_by_the_other(
+    stack: tuple[Service, str], model_dir: Path
+) -> None:
+    gateway, base_url = stack
+    tokenizer = Tokenizer.from_config(TokenizerConfig(path=model_dir))
+    prompt = shared_prefix(tokenizer, seed=3, tokens=PREFIX_TOKENS) + question(
+        tokenizer, "Which word comes first?"
+    )
+    body = {"model": served_model(base_url), "prompt": prompt, "max_tokens": 16, "temperature": 0}
+    prefills = [str(w["address"]) for w in workers(base_url, "prefill")]
+    before = {address: worker_stats(address) for address in prefills}
+
+    cold = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
+    assert cold.status_code == 200, cold.text
+    kvstore = f"127.0.0.1:{child_port(gateway, 'services.kvstore.main')}"
+    full_chunks = len(prompt) // 256
+    assert asyncio.run(stored_chunks(kvstore, at_least=full_chunks)) >= full_chunks
+    warm = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
+    assert warm.status_code == 200, warm.text
+    time.sleep(1.5)  # vLLM's stat loggers run after the step
+    after = {address: worker_stats(address) for address in prefills}
+
+    computed = {a: after[a].prompt_tokens_computed - before[a].prompt_tokens_computed for a in prefills}
+    loaded = {a: after[a].kvstore.tokens_loaded - before[a].kvstore.tokens_loaded for a in prefills}
+    print(
+        f"prompt {len(prompt)} tokens; computed per prefill worker {computed}, loaded from the kvstore {loaded}"
+    )
+    cold_worker = max(prefills, key=lambda a: computed[a])
+    warm_worker = next(a for a in prefills if a != cold_worker)
+    assert computed[cold_worker] == len(prompt) and loaded[cold_worker] == 0
+    assert loaded[warm_worker] >= 0.9 * PREFIX_TOKENS
+    assert computed[warm_worker] == len(prompt) - loaded[warm_worker]
+    assert warm.json()["choices"][0]["text"] == cold.json()["choices"][0]["text"]
 
 
 def kill_worker(gateway: Service, address: str) -> None:

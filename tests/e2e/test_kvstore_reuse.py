@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import subprocess
 import sys
 import time
@@ -22,18 +21,17 @@ import grpc
 import pytest
 
 from cleave.common.v1 import common_pb2
-from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.stack.launcher import free_port
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service, child_env, log_dir, start_module, wait_healthy
-from tests.e2e.prompts import _WORDS
-from tests.e2e.stack import start_worker
+from tests.e2e.prompts import question, shared_prefix
+from tests.e2e.stack import start_worker, stored_chunks
 from tests.libs.kvstore.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio
-PREFIX_TOKENS = 1900  # + a question + 16 new tokens stays under the 2,048-token context
 CHUNK_TOKENS = 256
+PREFIX_TOKENS = 1900  # + a question + 16 new tokens stays under the 2,048-token context
 MAX_TOKENS = 16
 
 
@@ -42,23 +40,13 @@ def tokenizer(model_dir: Path) -> Tokenizer:
     return Tokenizer.from_config(TokenizerConfig(path=model_dir))
 
 
-def shared_prefix(tokenizer: Tokenizer, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    text = f"Reference notes #{seed}: " + " ".join(rng.choice(_WORDS) for _ in range(3 * PREFIX_TOKENS))
-    return tokenizer.encode(text)[:PREFIX_TOKENS]
-
-
-def question(tokenizer: Tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(f"\n\nQuestion: {text}\nAnswer:", add_special_tokens=False)
-
-
 @pytest.fixture(scope="module")
 def prompts(tokenizer: Tokenizer) -> dict[str, list[int]]:
-    prefix = shared_prefix(tokenizer, seed=1)
+    prefix = shared_prefix(tokenizer, seed=1, tokens=PREFIX_TOKENS)
     return {
         "first": prefix + question(tokenizer, "Which word appears first in the notes?"),
         "second": prefix + question(tokenizer, "Which word appears last in the notes?"),
-        "unreachable": shared_prefix(tokenizer, seed=2)
+        "unreachable": shared_prefix(tokenizer, seed=2, tokens=PREFIX_TOKENS)
         + question(tokenizer, "Name one word from the notes."),
     }
 
@@ -159,19 +147,6 @@ async def stats(service: Service) -> worker_pb2.WorkerStats:
         return await worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest())
 
 
-async def stored_chunks(kvstore: Service, at_least: int, timeout_s: float = 20.0) -> int:
-    """Chunks in the kvstore's CPU tier, once there are `at_least` (saving is asynchronous)."""
-    deadline = time.monotonic() + timeout_s
-    async with grpc.aio.insecure_channel(kvstore.address) as channel:
-        stub = kvstore_pb2_grpc.KvStoreStub(channel)
-        while True:
-            stats = await stub.GetStats(kvstore_pb2.GetStatsRequest())
-            count = sum(t.num_chunks for t in stats.tiers if t.tier == kvstore_pb2.TIER_CPU)
-            if count >= at_least or time.monotonic() > deadline:
-                return count
-            await asyncio.sleep(0.2)
-
-
 async def settled_stats(service: Service) -> worker_pb2.WorkerStats:
     # vLLM's stat loggers run on its output loop; give the last step's counters a moment.
     await asyncio.sleep(1.5)
@@ -184,7 +159,7 @@ async def test_a_prefix_saved_by_one_worker_is_loaded_by_another(
     # Cold: the prefill worker computes `first` and saves its full chunks in the background.
     cold_ttft = await prefill(stack["prefill"], "cold-first", prompts["first"])
     full_chunks = len(prompts["first"]) // CHUNK_TOKENS
-    assert await stored_chunks(stack["kvstore"], at_least=full_chunks) >= full_chunks
+    assert await stored_chunks(stack["kvstore"].address, at_least=full_chunks) >= full_chunks
     saved = await stats(stack["prefill"])
 
     # Warm: another worker, another prompt with the same ~1,900-token prefix.

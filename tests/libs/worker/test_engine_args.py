@@ -115,3 +115,8 @@ def test_mxint8_is_the_kvstore_format_and_the_engine_cache_stays_native() -> Non
     assert kwargs["kv_transfer_config"]["kv_connector_extra_config"]["kvstore_mxint8"] is True
     with pytest.raises(ConfigError, match=r"--kv-cache-dtype.*needs --kvstore-address"):
         config(kv_cache_dtype="mxint8")
+
+
+def test_on_qaic_mxint8_is_the_engine_cache_dtype_as_in_qaic_disagg() -> None:
+    kwargs = engine_kwargs(config(role=Role.BOTH, device=Device.QAIC, kv_cache_dtype="mxint8"))
+    assert kwargs["kv_cache_dtype"] == "mxint8"

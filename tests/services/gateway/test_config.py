@@ -4,6 +4,7 @@ import pytest
 
 from libs.config.errors import ConfigError
 from services.gateway.config import parse_args
+from services.gateway.main import worker_args
 
 
 def test_defaults_launch_a_local_1p1d_stack() -> None:
@@ -38,3 +39,19 @@ def test_worker_addresses_need_a_tokenizer_and_routing_must_exist() -> None:
     assert not parse_args(["--decode-workers", "127.0.0.1:1", "--tokenizer", "127.0.0.1:2"]).launches_stack
     with pytest.raises(ConfigError, match="--routing: got 'fastest'"):
         parse_args(["--routing", "fastest"])
+
+
+def test_kvstore_flags_start_one_or_use_one() -> None:
+    assert not parse_args([]).uses_kvstore
+    started = parse_args(["--kvstore", "--kvstore-redis-url", "redis://127.0.0.1:6379"])
+    assert started.uses_kvstore and started.kvstore_redis_url == "redis://127.0.0.1:6379"
+    assert parse_args(["--kvstore-address", "127.0.0.1:7700"]).uses_kvstore
+    with pytest.raises(ConfigError, match=r"--kvstore: .*not both"):
+        parse_args(["--kvstore", "--kvstore-address", "127.0.0.1:7700"])
+
+
+def test_local_workers_get_the_kvstore_address() -> None:
+    config = parse_args(["--kvstore-address", "127.0.0.1:7700"])
+    args = worker_args(config, "prefill", "/m", "m", config.prefill, "127.0.0.1:7700")
+    assert args[args.index("--kvstore-address") + 1] == "127.0.0.1:7700"
+    assert "--kvstore-address" not in worker_args(config, "prefill", "/m", "m", config.prefill)
