@@ -21,4 +21,8 @@ PROMPT_TOKENS = Histogram("cleave_gateway_prompt_tokens", "Prompt length", bucke
 COMPLETION_TOKENS = Histogram(
     "cleave_gateway_completion_tokens", "Completion length", buckets=TOKEN_COUNT_BUCKETS
 )
+PREFILL_SKIPPED = Counter(
+    "cleave_gateway_prefill_skipped_total",
+    "Requests sent straight to decode because the kvstore held all but a short tail of the prompt",
+)
 RETRIES = Counter("cleave_gateway_retries_total", "Retries by stage", ["stage"])

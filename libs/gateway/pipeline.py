@@ -1,7 +1,8 @@
 """The request path behind the OpenAI API: prefill (with retry on another worker) -> KV
 handoff -> decode stream -> per-sequence detokenization -> events for the HTTP layer.
 
-Colocated (`both`) workers skip the prefill hop. Cancellation (the client went away) cancels
+Colocated (`both`) workers skip the prefill hop, and so do prompts the kvstore holds all
+but a short tail of (the decode worker loads the prefix itself). Cancellation (the client went away) cancels
 the gRPC calls, which makes each worker abort the request and free its KV; a handoff whose
 decode never started is released through a decode worker.
 """
@@ -9,8 +10,9 @@ decode never started is released through a decode worker.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 import grpc.aio
@@ -60,6 +62,12 @@ class Finished:
     cached_prompt_tokens: int
 
 
+class PrefixLookup(Protocol):
+    """How many leading tokens of a prompt the kvstore holds (0 when unknown)."""
+
+    async def matched_tokens(self, request_id: str, token_ids: Sequence[int]) -> int: ...
+
+
 class HandoffRejected(Exception):
     """The decode worker could not use the handoff's KV; nothing was emitted yet."""
 
@@ -78,6 +86,8 @@ class Pipeline:
         *,
         prefill_attempts: int = 2,
         rpc_timeout_s: float = 600.0,
+        prefix_lookup: PrefixLookup | None = None,
+        skip_prefill_max_tail: int = 256,
     ) -> None:
         self._pool = pool
         self._tokenizer = tokenizer
@@ -85,6 +95,8 @@ class Pipeline:
         self._decode_policy = decode_policy
         self._prefill_attempts = prefill_attempts
         self._timeout = rpc_timeout_s
+        self._prefix_lookup = prefix_lookup
+        self._skip_prefill_max_tail = skip_prefill_max_tail
 
     async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
         decoders = self._pool.healthy("decode")
@@ -95,6 +107,13 @@ class Pipeline:
             async for event in self._generate(
                 spec, self._decode_policy.pick(colocated, spec.prompt_token_ids), None
             ):
+                yield event
+            return
+        if await self._kvstore_covers_prompt(spec):
+            # The decode worker loads the stored prefix itself and computes the short tail.
+            metrics.PREFILL_SKIPPED.inc()
+            decode = self._decode_policy.pick(decoders, spec.prompt_token_ids)
+            async for event in self._generate(spec, decode, worker_pb2.KvHandoff()):
                 yield event
             return
         for _attempt in range(2):
@@ -112,6 +131,12 @@ class Pipeline:
         raise errors.ApiError(
             503, "KV handoff failed twice; the workers may be overloaded", type_="service_unavailable"
         )
+
+    async def _kvstore_covers_prompt(self, spec: GenerationSpec) -> bool:
+        if self._prefix_lookup is None:
+            return False
+        matched = await self._prefix_lookup.matched_tokens(spec.request_id, spec.prompt_token_ids)
+        return matched > 0 and len(spec.prompt_token_ids) - matched <= self._skip_prefill_max_tail
 
     async def _prefill(self, spec: GenerationSpec) -> worker_pb2.KvHandoff:
         request = worker_pb2.PrefillRequest(

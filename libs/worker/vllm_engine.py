@@ -138,7 +138,7 @@ def _engine_info(engine: AsyncLLM, model_path: Path) -> EngineInfo:
         vocab_size=model_config.get_vocab_size(),
         max_model_len=model_config.max_model_len,
         block_size=config.cache_config.block_size,
-        kv_cache_dtype=str(config.cache_config.cache_dtype),
+        kv_cache_dtype=_kv_dtype_name(str(config.cache_config.cache_dtype), model_config.dtype),
         num_layers=model_config.get_num_layers(config.parallel_config),
         num_kv_heads=model_config.get_num_kv_heads(config.parallel_config),
         head_dim=model_config.get_head_size(),
@@ -147,6 +147,12 @@ def _engine_info(engine: AsyncLLM, model_path: Path) -> EngineInfo:
         engine_version=f"vllm {_vllm_version()} {config.device_config.device_type}",
         model_fingerprint=model_fingerprint(model_path, getattr(text_config, "model_type", "")),
     )
+
+
+def _kv_dtype_name(cache_dtype: str, model_dtype: Any) -> str:
+    """ "auto" means the model's dtype: name it, so KV layouts (the handoff check, kvstore
+    keys) say what the bytes are."""
+    return str(model_dtype).removeprefix("torch.") if cache_dtype == "auto" else cache_dtype
 
 
 def _vllm_version() -> str:

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from contextlib import AsyncExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 import uvicorn
@@ -20,6 +20,7 @@ import uvicorn
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2
 from libs.config.errors import ConfigError
+from libs.gateway.kvstore_lookup import KvStoreLookup
 from libs.gateway.pipeline import Pipeline
 from libs.gateway.pool import WorkerPool
 from libs.gateway.routing import create_policy
@@ -116,7 +117,15 @@ def _port(options: RoleOptions, index: int) -> int:
     return options.port + index if options.port else free_port()
 
 
-async def launch_stack(config: GatewayConfig, stack: LocalStack) -> tuple[str, dict[str, list[str]], str]:
+@dataclass(frozen=True)
+class StackAddresses:
+    tokenizer: str
+    workers: dict[str, list[str]]
+    served_model: str
+    kvstore: str | None
+
+
+async def launch_stack(config: GatewayConfig, stack: LocalStack) -> StackAddresses:
     resolved = resolve_model(config.model, config.cache_dir / "models", progress=True)
     served = config.served_model_name or resolved.served_name
     model_path = str(resolved.path)
@@ -152,7 +161,7 @@ async def launch_stack(config: GatewayConfig, stack: LocalStack) -> tuple[str, d
         "decode": stack.addresses("decode"),
         "both": stack.addresses("both"),
     }
-    return stack.addresses("tokenizer")[0], workers, served
+    return StackAddresses(stack.addresses("tokenizer")[0], workers, served, kvstore_address)
 
 
 async def serve(config: GatewayConfig) -> None:
@@ -160,17 +169,21 @@ async def serve(config: GatewayConfig) -> None:
     async with AsyncExitStack() as cleanup:
         cleanup.callback(stack.stop)
         if config.launches_stack:
-            tokenizer_address, workers, served = await launch_stack(config, stack)
+            addresses = await launch_stack(config, stack)
             watcher = asyncio.create_task(stack.watch())
             cleanup.callback(watcher.cancel)
         else:
-            tokenizer_address = config.tokenizer_address or ""
-            workers = {
-                "prefill": list(config.prefill_addresses),
-                "decode": list(config.decode_addresses),
-                "both": list(config.colocated_addresses),
-            }
-            served = ""
+            addresses = StackAddresses(
+                tokenizer=config.tokenizer_address or "",
+                workers={
+                    "prefill": list(config.prefill_addresses),
+                    "decode": list(config.decode_addresses),
+                    "both": list(config.colocated_addresses),
+                },
+                served_model="",
+                kvstore=config.kvstore_address,
+            )
+        tokenizer_address, workers, served = addresses.tokenizer, addresses.workers, addresses.served_model
         pool = WorkerPool(workers)
         cleanup.push_async_callback(pool.close)
         await pool.start()
@@ -181,8 +194,15 @@ async def serve(config: GatewayConfig) -> None:
         tokenizer_channel = open_channel(tokenizer_address)
         cleanup.push_async_callback(tokenizer_channel.close)
         tokenizer = tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel)
+        lookup = None
+        if addresses.kvstore:
+            # The workers' layout keys the kvstore's chunks; the gateway asks with the same one.
+            lookup = KvStoreLookup(addresses.kvstore, info.kv_layout)
+            cleanup.push_async_callback(lookup.close)
         policy = config.routing
-        pipeline = Pipeline(pool, tokenizer, create_policy(policy), create_policy(policy))
+        pipeline = Pipeline(
+            pool, tokenizer, create_policy(policy), create_policy(policy), prefix_lookup=lookup
+        )
         state = GatewayState(
             served_model=served or info.model,
             max_model_len=info.max_model_len,

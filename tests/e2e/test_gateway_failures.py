@@ -1,6 +1,7 @@
-"""A real 2p1d stack with SmolLM2 and a kvstore, round-robin routing: a prompt computed on
-one prefill worker is loaded from the kvstore by the other (its counters say how much), with
-the same greedy output. Then worker failures: a killed prefill worker is ejected and requests
+"""A real 2p1d stack with SmolLM2 and a kvstore, round-robin routing: stored prompt prefixes
+are loaded instead of computed, by the decode worker when the gateway skips prefill and by
+the other prefill worker otherwise (their counters say how much), with the same greedy
+output. Then worker failures: a killed prefill worker is ejected and requests
 succeed on the other one; a decode worker killed mid-stream gives the client an error event
 within seconds, and the gateway stops routing to it.
 
@@ -37,7 +38,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
     service, base_url = start_gateway_stack(
         "2p1d", tmp_path_factory.mktemp("cache"), "--kvstore", "--kvstore-cpu-bytes", "512MiB",
-        "--routing", "round_robin",
+        "--routing", "round_robin", "--max-model-len", "4096",
     )  # fmt: skip
     try:
         yield service, base_url
@@ -63,39 +64,67 @@ def worker_stats(address: str) -> worker_pb2.WorkerStats:
         return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=10)
 
 
-def test_a_prompt_computed_on_one_prefill_worker_is_loaded_by_the_other(
-    stack: tuple[Service, str], model_dir: Path
-) -> None:
+def test_stored_prefixes_are_loaded_not_computed(stack: tuple[Service, str], model_dir: Path) -> None:
+    """Cold on one prefill worker; the same prefix with a long new tail goes through the other
+    prefill worker, which loads the prefix from the kvstore; the first prompt again skips
+    prefill (the kvstore holds all but its last 120 tokens) and gives the same greedy output."""
     gateway, base_url = stack
     tokenizer = Tokenizer.from_config(TokenizerConfig(path=model_dir))
-    prompt = shared_prefix(tokenizer, seed=3, tokens=PREFIX_TOKENS) + question(
-        tokenizer, "Which word comes first?"
-    )
-    body = {"model": served_model(base_url), "prompt": prompt, "max_tokens": 16, "temperature": 0}
-    prefills = [str(w["address"]) for w in workers(base_url, "prefill")]
-    before = {address: worker_stats(address) for address in prefills}
+    prefix = shared_prefix(tokenizer, seed=3, tokens=PREFIX_TOKENS)
+    prompt = prefix + question(tokenizer, "Which word comes first?")
+    long_tail = prefix + shared_prefix(tokenizer, seed=4, tokens=300) + question(tokenizer, "And last?")
+    model = served_model(base_url)
+    addresses = {role: [str(w["address"]) for w in workers(base_url, role)] for role in ("prefill", "decode")}
+    everyone = addresses["prefill"] + addresses["decode"]
 
-    cold = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
-    assert cold.status_code == 200, cold.text
+    def complete(ids: list[int]) -> str:
+        body = {"model": model, "prompt": ids, "max_tokens": 16, "temperature": 0}
+        response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        time.sleep(1.5)  # vLLM's stat loggers run after the step
+        return str(response.json()["choices"][0]["text"])
+
+    def deltas(before: dict[str, worker_pb2.WorkerStats]) -> tuple[dict[str, int], ...]:
+        """Prompt tokens per worker: computed, loaded from the kvstore, hit in its own cache."""
+        after = {a: worker_stats(a) for a in everyone}
+        return (
+            {a: after[a].prompt_tokens_computed - before[a].prompt_tokens_computed for a in everyone},
+            {a: after[a].kvstore.tokens_loaded - before[a].kvstore.tokens_loaded for a in everyone},
+            {
+                a: after[a].prompt_tokens_local_cache_hit - before[a].prompt_tokens_local_cache_hit
+                for a in everyone
+            },
+        )
+
+    before = {a: worker_stats(a) for a in everyone}
+    cold = complete(prompt)
+    computed, _, _ = deltas(before)
+    cold_worker = max(addresses["prefill"], key=lambda a: computed[a])
+    assert computed[cold_worker] == len(prompt)
     kvstore = f"127.0.0.1:{child_port(gateway, 'services.kvstore.main')}"
     full_chunks = len(prompt) // 256
     assert asyncio.run(stored_chunks(kvstore, at_least=full_chunks)) >= full_chunks
-    warm = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
-    assert warm.status_code == 200, warm.text
-    time.sleep(1.5)  # vLLM's stat loggers run after the step
-    after = {address: worker_stats(address) for address in prefills}
 
-    computed = {a: after[a].prompt_tokens_computed - before[a].prompt_tokens_computed for a in prefills}
-    loaded = {a: after[a].kvstore.tokens_loaded - before[a].kvstore.tokens_loaded for a in prefills}
+    before = {a: worker_stats(a) for a in everyone}
+    complete(long_tail)
+    computed, loaded, _ = deltas(before)
     print(
-        f"prompt {len(prompt)} tokens; computed per prefill worker {computed}, loaded from the kvstore {loaded}"
+        f"same prefix, {len(long_tail) - PREFIX_TOKENS} new tokens: computed {computed}, from the kvstore {loaded}"
     )
-    cold_worker = max(prefills, key=lambda a: computed[a])
-    warm_worker = next(a for a in prefills if a != cold_worker)
-    assert computed[cold_worker] == len(prompt) and loaded[cold_worker] == 0
-    assert loaded[warm_worker] >= 0.9 * PREFIX_TOKENS
-    assert computed[warm_worker] == len(prompt) - loaded[warm_worker]
-    assert warm.json()["choices"][0]["text"] == cold.json()["choices"][0]["text"]
+    other = next(a for a in addresses["prefill"] if a != cold_worker)
+    assert loaded[other] >= 0.9 * PREFIX_TOKENS and computed[other] == len(long_tail) - loaded[other]
+
+    # The decode worker reuses the prefix from its own prefix cache (it received this
+    # prompt's KV over NIXL the first time) or from the kvstore; no prefill worker computes.
+    before = {a: worker_stats(a) for a in everyone}
+    warm = complete(prompt)
+    computed, loaded, local = deltas(before)
+    print(f"same prompt again: computed {computed}, from the kvstore {loaded}, from local caches {local}")
+    decode = addresses["decode"][0]
+    assert all(computed[a] == 0 for a in addresses["prefill"]), computed
+    reused = loaded[decode] + local[decode]
+    assert reused >= 0.9 * PREFIX_TOKENS and computed[decode] == len(prompt) - reused
+    assert warm == cold
 
 
 def kill_worker(gateway: Service, address: str) -> None:

@@ -4,7 +4,7 @@ A policy picks one endpoint among the healthy candidates for a request. Add one 
 a class with `name` and `pick()` and decorating it with `@register`.
 """
 
-from libs.gateway.routing import least_load, round_robin  # noqa: F401  (registers them)
+from libs.gateway.routing import least_load, prefix_affinity, round_robin  # noqa: F401  (registers them)
 from libs.gateway.routing.policy import POLICIES, RoutingPolicy, create_policy, register
 
 __all__ = ["POLICIES", "RoutingPolicy", "create_policy", "register"]

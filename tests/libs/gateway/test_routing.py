@@ -19,7 +19,9 @@ def endpoint(address: str, **stats: Any) -> Endpoint:
 
 def test_registry_knows_the_policies() -> None:
     assert {"round_robin", "least_load"} <= set(POLICIES)
-    with pytest.raises(ValueError, match="unknown routing policy 'random'; known: least_load, round_robin"):
+    with pytest.raises(
+        ValueError, match="unknown routing policy 'random'; known: least_load, prefix_affinity, round_robin"
+    ):
         create_policy("random")
 
 
@@ -61,3 +63,36 @@ async def test_slow_polls_eject_only_after_several_but_refusals_at_once() -> Non
     await pool.poll_once()
     await pool.poll_once()
     assert not slow.healthy
+
+
+def test_prefix_affinity_returns_a_prefix_to_the_worker_that_computed_it() -> None:
+    policy = create_policy("prefix_affinity")
+    a, b = endpoint("a:1"), endpoint("b:1")
+    shared = list(range(1000, 1000 + 1024))
+    first = policy.pick([a, b], [*shared, 1, 2, 3])
+    first.in_flight = 1  # still running when the next request with the same prefix comes
+    assert policy.pick([a, b], [*shared, 4, 5, 6]) is first  # 1,024 cached tokens > 512 of load
+    other = b if first is a else a
+    assert policy.pick([a, b], list(range(5000, 5300))) is other  # no overlap: the idle one
+
+
+def test_prefix_affinity_gives_way_to_load_and_ignores_partial_blocks() -> None:
+    policy = create_policy("prefix_affinity")
+    a, b = endpoint("a:1"), endpoint("b:1")
+    prompt = list(range(300))  # one full 256-token block
+    owner = policy.pick([a, b], prompt)
+    owner.in_flight = 3  # 3 x 512 tokens of queueing outweigh 256 tokens of reuse
+    assert policy.pick([a, b], prompt) is not owner
+    assert policy.pick([a, b], list(range(200))) is not None  # shorter than a block: load only
+
+
+def test_prefix_affinity_memory_is_bounded() -> None:
+    from libs.gateway.routing.prefix_affinity import PrefixAffinity, block_hashes
+
+    policy = PrefixAffinity(max_blocks=4)
+    a = endpoint("a:1")
+    for start in range(0, 10):
+        policy.pick([a], list(range(start * 10_000, start * 10_000 + 512)))
+    assert len(policy._owner) == 4
+    assert policy.cached_tokens("a:1", block_hashes(list(range(90_000, 90_512)))) == 512
+    assert policy.cached_tokens("a:1", block_hashes(list(range(0, 512)))) == 0

@@ -5,7 +5,7 @@ are tested in seconds."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import grpc.aio
@@ -15,7 +15,14 @@ from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway import errors
-from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, Pipeline, SequenceEvent
+from libs.gateway.pipeline import (
+    Finished,
+    GenerationSpec,
+    MidStreamError,
+    Pipeline,
+    PrefixLookup,
+    SequenceEvent,
+)
 from libs.gateway.pool import WorkerPool
 from libs.gateway.routing import create_policy
 from libs.rpc.channel import open_channel
@@ -50,6 +57,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.reject_handoffs = 0  # how many Generate calls answer "lease expired" first
         self.cancelled = asyncio.Event()
         self.released: list[str] = []
+        self.generate_had_handoff: list[bool] = []
 
     async def Prefill(
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
@@ -65,6 +73,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        self.generate_had_handoff.append(request.HasField("handoff") and request.handoff.num_tokens > 0)
         if self.reject_handoffs > 0 and request.HasField("handoff"):
             self.reject_handoffs -= 1
             await context.abort(grpc.StatusCode.ABORTED, "the KV handoff's lease expired")
@@ -113,7 +122,9 @@ class Stack:
         self.servers.append(server)
         return server.address
 
-    async def pipeline(self, roles: dict[str, list[FakeWorker]]) -> tuple[Pipeline, WorkerPool]:
+    async def pipeline(
+        self, roles: dict[str, list[FakeWorker]], prefix_lookup: PrefixLookup | None = None
+    ) -> tuple[Pipeline, WorkerPool]:
         tokenizer_address = await self._serve(
             binding(TokenizerServicer(self.tokenizer, model="m", max_model_len=2048))
         )
@@ -129,7 +140,8 @@ class Stack:
         pool = WorkerPool(addresses)
         await pool.start()
         stub = tokenizer_pb2_grpc.TokenizerStub(open_channel(tokenizer_address))
-        return Pipeline(pool, stub, create_policy("round_robin"), create_policy("least_load")), pool
+        policies = create_policy("round_robin"), create_policy("least_load")
+        return Pipeline(pool, stub, *policies, prefix_lookup=prefix_lookup), pool
 
     async def close(self) -> None:
         for server in self.servers:
@@ -238,3 +250,38 @@ async def test_rejected_handoff_is_prefilled_again(stack: Stack, tokenizer: Toke
     await pool.close()
     assert text == ANSWER
     assert prefill.prefills == 2
+
+
+class StoredPrefix:
+    """A kvstore lookup that answers a fixed number of matched tokens."""
+
+    def __init__(self, matched: int) -> None:
+        self.matched = matched
+        self.asked: list[str] = []
+
+    async def matched_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
+        self.asked.append(request_id)
+        return min(self.matched, len(token_ids))
+
+
+async def test_a_prompt_the_kvstore_holds_skips_prefill(stack: Stack, tokenizer: Tokenizer) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = FakeWorker(tokens), FakeWorker(tokens)
+    lookup = StoredPrefix(matched=10_000)
+    pipeline, pool = await stack.pipeline({"prefill": [prefill], "decode": [decode]}, prefix_lookup=lookup)
+    text, _, _ = await run(pipeline, spec(tokenizer))
+    await pool.close()
+    assert text == ANSWER and lookup.asked == ["r1"]
+    assert prefill.prefills == 0 and decode.generate_had_handoff == [False]
+
+
+async def test_a_long_uncached_tail_still_goes_through_prefill(stack: Stack, tokenizer: Tokenizer) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = FakeWorker(tokens), FakeWorker(tokens)
+    long_prompt = GenerationSpec("r2", "m", list(range(600)), common_pb2.SamplingParams(max_tokens=50), [])
+    pipeline, pool = await stack.pipeline(
+        {"prefill": [prefill], "decode": [decode]}, prefix_lookup=StoredPrefix(256)
+    )
+    await run(pipeline, long_prompt)
+    await pool.close()
+    assert prefill.prefills == 1 and decode.generate_had_handoff == [True]
