@@ -74,6 +74,8 @@ class EngineStats:
     requests_finished: int = 0
     # Cumulative kvstore connector counters (lookups, tokens_loaded, ...); empty without one.
     kvstore: dict[str, float] = field(default_factory=dict)
+    # Cumulative NIXL handoff reads (decode side): transfers, seconds, bytes, failures.
+    kv_pulls: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -29,3 +29,8 @@ KVSTORE_CONNECTOR = Gauge(
     "Cumulative kvstore connector counters (lookups, tokens_loaded, lookup_failures, ...)",
     ["counter"],
 )
+KV_PULLS = Gauge(
+    "cleave_worker_kv_pulls",
+    "Cumulative NIXL handoff reads by this decode worker: transfers, seconds, bytes, failures",
+    ["counter"],
+)

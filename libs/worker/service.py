@@ -221,6 +221,12 @@ class WorkerService:
             prompt_tokens_local_cache_hit=engine.prompt_tokens_local_cache_hit,
             requests_finished=engine.requests_finished,
             kvstore=_kvstore_stats(engine.kvstore),
+            kv_pulls=worker_pb2.KvPullStats(
+                transfers=int(engine.kv_pulls.get("transfers", 0)),
+                seconds=float(engine.kv_pulls.get("seconds", 0.0)),
+                bytes=int(engine.kv_pulls.get("bytes", 0)),
+                failures=int(engine.kv_pulls.get("failures", 0)),
+            ),
         )
 
     def info(self) -> worker_pb2.WorkerInfo:

@@ -14,6 +14,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from libs.worker.engine import EngineStats
 
 KVSTORE_CONNECTOR = "KvStoreConnector"  # libs.kvconnector.vllm_connector.CONNECTOR_NAME
+NIXL_CONNECTOR = "NixlConnector"  # MultiConnector files stats under the class name
 
 
 class CapturingStatLogger(StatLoggerBase):
@@ -34,6 +35,7 @@ class CapturingStatLogger(StatLoggerBase):
     ) -> None:
         if scheduler_stats is not None:
             self._add_kvstore(scheduler_stats.kv_connector_stats)
+            self._add_kv_pulls(scheduler_stats.kv_connector_stats)
             self.stats.num_running = scheduler_stats.num_running_reqs
             self.stats.num_waiting = scheduler_stats.num_waiting_reqs
             self.stats.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
@@ -55,6 +57,20 @@ class CapturingStatLogger(StatLoggerBase):
         for name, value in data.items():
             if isinstance(value, int | float):
                 self.stats.kvstore[name] = self.stats.kvstore.get(name, 0) + value
+
+    def _add_kv_pulls(self, connector_stats: dict[str, Any] | None) -> None:
+        """NIXL handoff reads, timed by NIXL's own telemetry (vLLM turns it on): lists of
+        per-transfer values, at the top level or under "NixlConnector" in a MultiConnector."""
+        if not connector_stats:
+            return
+        data = connector_stats.get(NIXL_CONNECTOR, connector_stats)
+        if not isinstance(data, dict) or "transfer_duration" not in data:
+            return
+        pulls = self.stats.kv_pulls
+        pulls["transfers"] = pulls.get("transfers", 0) + len(data["transfer_duration"])
+        pulls["seconds"] = pulls.get("seconds", 0.0) + float(sum(data["transfer_duration"]))
+        pulls["bytes"] = pulls.get("bytes", 0) + int(sum(data.get("bytes_transferred", ())))
+        pulls["failures"] = pulls.get("failures", 0) + len(data.get("num_failed_transfers", ()))
 
     def log_engine_initialized(self) -> None:
         pass

@@ -106,6 +106,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         metrics.PROMPT_TOKENS.labels("external").set(stats.prompt_tokens_external)
         for field, value in stats.kvstore.ListFields():
             metrics.KVSTORE_CONNECTOR.labels(field.name).set(value)
+        for field, value in stats.kv_pulls.ListFields():
+            metrics.KV_PULLS.labels(field.name).set(value)
         return stats
 
     async def GetInfo(
