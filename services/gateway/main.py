@@ -14,6 +14,7 @@ import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 
+import prometheus_client
 import structlog
 import uvicorn
 
@@ -24,6 +25,7 @@ from libs.gateway.kvstore_lookup import KvStoreLookup
 from libs.gateway.pipeline import Pipeline
 from libs.gateway.pool import WorkerPool
 from libs.gateway.routing import create_policy
+from libs.gateway.worker_metrics import WorkerStatsCollector
 from libs.models.errors import ModelNotFoundError
 from libs.models.resolve import resolve_model
 from libs.observability.logging import configure_logging
@@ -186,6 +188,9 @@ async def serve(config: GatewayConfig) -> None:
         tokenizer_address, workers, served = addresses.tokenizer, addresses.workers, addresses.served_model
         pool = WorkerPool(workers)
         cleanup.push_async_callback(pool.close)
+        collector = WorkerStatsCollector(pool)
+        prometheus_client.REGISTRY.register(collector)
+        cleanup.callback(prometheus_client.REGISTRY.unregister, collector)
         await pool.start()
         first = next((e for e in pool.endpoints if e.healthy), None)
         if first is None:

@@ -131,15 +131,13 @@ def test_cleave_systems_are_gateway_command_lines_cleave_accepts(
     assert p.metrics_urls == {"gateway": f"{p.base_url}/metrics"}
 
 
-def test_only_cleave_1p1d_probes_the_gateways_prefill_stage() -> None:
-    (probe,) = plan("cleave-1p1d").probes
-    assert (probe.key, probe.source, probe.name, dict(probe.labels)) == (
-        "prefill_stage_ms",
-        "gateway",
-        "cleave_gateway_stage_seconds",
-        {"stage": "prefill"},
-    )
-    assert plan("cleave-1p1d").stage_notes["kv_transfer_ms"].startswith("not measured")
+def test_only_cleave_1p1d_probes_the_gateways_prefill_stage_and_kv_pulls() -> None:
+    probes = {p.key: (p.source, p.name, dict(p.labels)) for p in plan("cleave-1p1d").probes}
+    assert probes == {
+        "prefill_stage_ms": ("gateway", "cleave_gateway_stage_seconds", {"stage": "prefill"}),
+        "kv_transfer_ms": ("gateway", "cleave_gateway_worker_kv_pull_seconds", {}),
+    }
+    assert "kv_transfer_ms" not in plan("cleave-1p1d").stage_notes
     pd = plan("cleave-pd")
     assert pd.probes == () and pd.stage_notes["prefill_stage_ms"].startswith("n/a")
 

@@ -40,7 +40,6 @@ _CLEAVE_UNMEASURED = {
         "not measured: the worker's cleave_worker_prefill_seconds is only exported with --metrics-port,"
         " which the gateway's local stack does not pass"
     ),
-    _KV_TRANSFER: "not measured: nothing in Cleave times the NIXL pull (no worker metric for it)",
 }
 
 # Column labels and what each stage number means, for the reports.
@@ -282,8 +281,10 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, mode: str) -> Sys
         )
         probes = (
             HistogramProbe(_PREFILL_STAGE, "gateway", "cleave_gateway_stage_seconds", {"stage": "prefill"}),
+            # The decode workers' NIXL telemetry, re-exported by the gateway from polled stats.
+            HistogramProbe(_KV_TRANSFER, "gateway", "cleave_gateway_worker_kv_pull_seconds"),
         )
-        notes = dict(_CLEAVE_UNMEASURED)
+        notes = {_ENGINE_PREFILL: _CLEAVE_UNMEASURED[_ENGINE_PREFILL]}
     spec = ProcessSpec(f"cleave-{mode}", tuple(argv), {}, f"{url}/health")
     return SystemPlan(
         f"cleave-{mode}",
