@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
@@ -28,26 +28,12 @@ from libs.models.resolve import resolve_model
 from libs.stack.launcher import LocalStack, free_port
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from services.flags import DEFAULT_MODEL_CACHE
-
-WORDS = [
-    "river",
-    "mountain",
-    "engine",
-    "signal",
-    "harvest",
-    "lantern",
-    "copper",
-    "meadow",
-    "theory",
-    "orbit",
-    "canvas",
-    "harbor",
-]
+from tools.bench import words
 
 
 def prompt(tokenizer: Tokenizer, seed: int, prefix_tokens: int) -> list[int]:
-    rng = random.Random(seed)
-    text = f"Notes #{seed}: " + " ".join(rng.choice(WORDS) for _ in range(3 * prefix_tokens))
+    # ~1 token per word (tools/bench/words.py); cut to exactly prefix_tokens below.
+    text = f"Notes #{seed}: " + words.text(np.random.default_rng(seed), 2 * prefix_tokens)
     question = "\n\nQuestion: which word comes up most often?\nAnswer:"
     return tokenizer.encode(text)[:prefix_tokens] + tokenizer.encode(question, add_special_tokens=False)
 
