@@ -112,17 +112,22 @@ def test_vllm_pd_can_use_cleaves_connector_to_isolate_nixl_polling() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "mode", "prefill_group", "decode_group"),
-    [("cleave-pd", "pd", (), (0, 1)), ("cleave-1p1d", "1p1d", (0,), (1,))],
+    ("name", "mode", "prefill_group", "decode_group", "kvstore"),
+    [
+        ("cleave-pd", "pd", (), (0, 1), False),
+        ("cleave-1p1d", "1p1d", (0,), (1,), False),
+        ("cleave-1p1d-kvstore", "1p1d", (0,), (1,), True),
+    ],
 )
 def test_cleave_systems_are_gateway_command_lines_cleave_accepts(
-    name: str, mode: str, prefill_group: tuple[int, ...], decode_group: tuple[int, ...]
+    name: str, mode: str, prefill_group: tuple[int, ...], decode_group: tuple[int, ...], kvstore: bool
 ) -> None:
     p = plan(name, dtype="float32", max_model_len=1024, max_num_seqs=6)
     (gateway,) = p.processes
     config = parse_gateway_args(module_args(gateway, "services.gateway.main"))
     assert config.mode.name == mode
     assert config.launches_stack
+    assert (config.kvstore, config.kvstore_address) == (kvstore, None)
     assert (config.prefill.device_group, config.decode.device_group) == (prefill_group, decode_group)
     assert (config.dtype, config.max_model_len) == ("float32", 1024)
     assert config.prefill.max_num_seqs == config.decode.max_num_seqs == 6
@@ -131,13 +136,14 @@ def test_cleave_systems_are_gateway_command_lines_cleave_accepts(
     assert p.metrics_urls == {"gateway": f"{p.base_url}/metrics"}
 
 
-def test_only_cleave_1p1d_probes_the_gateways_prefill_stage_and_kv_pulls() -> None:
-    probes = {p.key: (p.source, p.name, dict(p.labels)) for p in plan("cleave-1p1d").probes}
+@pytest.mark.parametrize("name", ["cleave-1p1d", "cleave-1p1d-kvstore"])
+def test_only_cleave_1p1d_probes_the_gateways_prefill_stage_and_kv_pulls(name: str) -> None:
+    probes = {p.key: (p.source, p.name, dict(p.labels)) for p in plan(name).probes}
     assert probes == {
         "prefill_stage_ms": ("gateway", "cleave_gateway_stage_seconds", {"stage": "prefill"}),
         "kv_transfer_ms": ("gateway", "cleave_gateway_worker_kv_pull_seconds", {}),
     }
-    assert "kv_transfer_ms" not in plan("cleave-1p1d").stage_notes
+    assert "kv_transfer_ms" not in plan(name).stage_notes
     pd = plan("cleave-pd")
     assert pd.probes == () and pd.stage_notes["prefill_stage_ms"].startswith("n/a")
 
@@ -155,7 +161,9 @@ def test_every_system_gets_the_same_serving_settings() -> None:
                 seqs[0],
                 flag(spec, "--model"),
             )
-    assert set(seen) == {"vllm", "vllm-pd-prefill", "vllm-pd-decode", "cleave-pd", "cleave-1p1d"}
+    assert set(seen) == {
+        "vllm", "vllm-pd-prefill", "vllm-pd-decode", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore",
+    }  # fmt: skip
     assert set(seen.values()) == {("float32", "1536", "5", str(MODEL))}
 
 

@@ -15,7 +15,9 @@ from tools.bench.systems.presets import WORKLOADS, CompareSizes, bench_config
 
 def test_defaults_run_every_system_and_workload_on_every_core() -> None:
     options = parse_args(["--out-dir", "/tmp/x"])
-    assert options.systems == SYSTEMS == ("vllm", "cleave-pd", "cleave-1p1d", "vllm-pd")
+    assert (
+        options.systems == SYSTEMS == ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "vllm-pd")
+    )
     assert options.workloads == WORKLOADS == ("short-chat", "long-interference", "prefix")
     assert options.settings.cores == tuple(sorted(os.sched_getaffinity(0)))
     assert (options.settings.dtype, options.settings.max_model_len, options.settings.max_num_seqs) == (

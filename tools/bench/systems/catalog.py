@@ -19,7 +19,13 @@ from typing import Any
 from tools.bench.systems.launch import ProcessSpec
 from tools.bench.systems.scrape import HistogramProbe
 
-SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "vllm-pd")
+SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "vllm-pd")
+# Cleave systems by name: (gateway --mode, whether the stack runs a kvstore).
+_CLEAVE_SYSTEMS = {
+    "cleave-pd": ("pd", False),
+    "cleave-1p1d": ("1p1d", False),
+    "cleave-1p1d-kvstore": ("1p1d", True),
+}
 CLEAVE_PREFIX = "cleave-"
 HOST = "127.0.0.1"
 
@@ -253,7 +259,8 @@ def _gateway_argv(settings: ServingSettings, mode: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _plan_cleave(settings: ServingSettings, ports: PortSource, mode: str) -> SystemPlan:
+def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> SystemPlan:
+    mode, kvstore = _CLEAVE_SYSTEMS[name]
     port = ports()
     url = f"http://{HOST}:{port}"
     argv = _gateway_argv(settings, mode, port)
@@ -285,9 +292,15 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, mode: str) -> Sys
             HistogramProbe(_KV_TRANSFER, "gateway", "cleave_gateway_worker_kv_pull_seconds"),
         )
         notes = {_ENGINE_PREFILL: _CLEAVE_UNMEASURED[_ENGINE_PREFILL]}
-    spec = ProcessSpec(f"cleave-{mode}", tuple(argv), {}, f"{url}/health")
+    if kvstore:
+        # Prefill workers save full 256-token chunks to the kvstore; the gateway sends a prompt
+        # straight to decode when the kvstore holds all but a short tail of it, and the decode
+        # worker loads the prefix. The prefill stage's n then counts the requests not skipped.
+        argv += ["--kvstore"]
+        description += "; a kvstore (CPU tier) shares prompt-prefix KV, prefill skipped on a hit"
+    spec = ProcessSpec(name, tuple(argv), {}, f"{url}/health")
     return SystemPlan(
-        f"cleave-{mode}",
+        name,
         url,
         (spec,),
         metrics_urls={"gateway": f"{url}/metrics"},
@@ -303,6 +316,6 @@ def plan_system(name: str, settings: ServingSettings, ports: PortSource) -> Syst
         return _plan_vllm(settings, ports)
     if name == "vllm-pd":
         return _plan_vllm_pd(settings, ports)
-    if name in ("cleave-pd", "cleave-1p1d"):
-        return _plan_cleave(settings, ports, name[len(CLEAVE_PREFIX) :])
+    if name in _CLEAVE_SYSTEMS:
+        return _plan_cleave(settings, ports, name)
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
