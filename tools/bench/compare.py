@@ -35,7 +35,14 @@ from tools.bench import report
 from tools.bench.config import BenchConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, BenchError, run_benchmark
 from tools.bench.systems import guidellm
-from tools.bench.systems.catalog import SYSTEMS, PortSource, ServingSettings, SystemPlan, plan_system
+from tools.bench.systems.catalog import (
+    CALIBRATION_SYSTEMS,
+    SYSTEMS,
+    PortSource,
+    ServingSettings,
+    SystemPlan,
+    plan_system,
+)
 from tools.bench.systems.launch import Launched, LaunchError, log_tail, start, wait_ready
 from tools.bench.systems.presets import DESCRIPTIONS, WORKLOADS, CompareSizes, bench_config
 from tools.bench.systems.scrape import scrape, stage_mean
@@ -89,7 +96,12 @@ def _cores(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compare", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--systems", default=",".join(SYSTEMS), help=f"comma-separated, in run order: {', '.join(SYSTEMS)}")
+    add(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated, in run order: {', '.join(SYSTEMS)} (the default), or "
+        "'reference' (a server with known latencies, to calibrate the load generators)",
+    )
     add("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
     add("--out-dir", type=Path, required=True, help="reports, logs and raw results go here")
     serving = parser.add_argument_group("serving (the same for every system)")
@@ -140,7 +152,7 @@ def parse_args(argv: Sequence[str]) -> CompareOptions:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        systems = _names(args.systems, SYSTEMS, "system")
+        systems = _names(args.systems, SYSTEMS + CALIBRATION_SYSTEMS, "system")
         workloads = _names(args.workloads, WORKLOADS, "workload")
         sizes = CompareSizes(**{name: getattr(args, name) for name in dataclasses.asdict(CompareSizes())})
         settings = ServingSettings(

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from services.gateway.config import parse_args as parse_gateway_args
+from tools.bench.reference_server import build_parser as reference_parser
 from tools.bench.systems.catalog import (
     KV_CACHE_GIB,
+    REFERENCE_ITL_MS,
+    REFERENCE_TTFT_MS,
     SYSTEMS,
     ServingSettings,
     SystemPlan,
@@ -179,3 +182,13 @@ def test_ports_are_distinct_and_bad_requests_are_refused() -> None:
     assert plan("vllm", cores=(0,)).processes[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     with pytest.raises(ValueError, match="twice"):
         settings(cores=(1, 1))
+
+
+def test_reference_is_the_fixed_latency_server_and_not_run_by_default() -> None:
+    p = plan("reference")
+    (server,) = p.processes
+    args = reference_parser().parse_args(module_args(server, "tools.bench.reference_server"))
+    assert (args.ttft_ms, args.itl_ms) == (REFERENCE_TTFT_MS, REFERENCE_ITL_MS) == (200, 50)
+    assert args.model == "smollm2" and p.base_url == f"http://127.0.0.1:{args.port}"
+    assert server.health_url == f"{p.base_url}/health" and p.probes == ()
+    assert "reference" not in SYSTEMS and not p.is_cleave

@@ -50,6 +50,11 @@ def test_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def test_the_reference_server_is_a_system_on_request() -> None:
+    options = parse_args(["--out-dir", "/tmp/x", "--systems", "reference,cleave-pd", "--guidellm"])
+    assert options.systems == ("reference", "cleave-pd")
+
+
 @pytest.mark.parametrize(
     "argv",
     [

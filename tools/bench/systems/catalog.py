@@ -20,6 +20,11 @@ from tools.bench.systems.launch import ProcessSpec
 from tools.bench.systems.scrape import HistogramProbe
 
 SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "vllm-pd")
+# Not run by default: tools/bench/reference_server with known latencies, to check what the
+# load generators (tools/bench, GuideLLM) add to what a server does.
+CALIBRATION_SYSTEMS = ("reference",)
+REFERENCE_TTFT_MS = 200
+REFERENCE_ITL_MS = 50
 # Cleave systems by name: (gateway --mode, whether the stack runs a kvstore).
 _CLEAVE_SYSTEMS = {
     "cleave-pd": ("pd", False),
@@ -310,12 +315,38 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
     )
 
 
+def _plan_reference(settings: ServingSettings, ports: PortSource) -> SystemPlan:
+    port = ports()
+    url = f"http://{HOST}:{port}"
+    argv = (
+        settings.python, "-m", "tools.bench.reference_server",
+        "--host", HOST,
+        "--port", str(port),
+        "--model", settings.served_name,
+        "--ttft-ms", str(REFERENCE_TTFT_MS),
+        "--itl-ms", str(REFERENCE_ITL_MS),
+    )  # fmt: skip
+    no_stages = "n/a: a fixed-latency server"
+    return SystemPlan(
+        "reference",
+        url,
+        (ProcessSpec("reference", argv, {}, f"{url}/health"),),
+        stage_notes={_PREFILL_STAGE: no_stages, _ENGINE_PREFILL: no_stages, _KV_TRANSFER: no_stages},
+        description=(
+            f"tools/bench/reference_server: first chunk after {REFERENCE_TTFT_MS} ms, "
+            f"then one every {REFERENCE_ITL_MS} ms; no model"
+        ),
+    )
+
+
 def plan_system(name: str, settings: ServingSettings, ports: PortSource) -> SystemPlan:
     """The processes and endpoints of one system; ports come from `ports()` (free ports)."""
+    if name == "reference":
+        return _plan_reference(settings, ports)
     if name == "vllm":
         return _plan_vllm(settings, ports)
     if name == "vllm-pd":
         return _plan_vllm_pd(settings, ports)
     if name in _CLEAVE_SYSTEMS:
         return _plan_cleave(settings, ports, name)
-    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS + CALIBRATION_SYSTEMS)}")
