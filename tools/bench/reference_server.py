@@ -62,7 +62,7 @@ class ReferenceServer:
         if self.http_status != 200:
             error = {"message": "fake failure", "type": "invalid_request_error", "code": None}
             return JSONResponse({"error": error}, status_code=self.http_status)
-        if not isinstance(body.get("max_tokens", body.get("max_completion_tokens")), int):
+        if _max_tokens(body) is None:
             error = {"message": "max_tokens is required here", "type": "invalid_request_error", "code": None}
             return JSONResponse({"error": error}, status_code=400)
         chat = request.url.path.endswith("/chat/completions")
@@ -77,7 +77,7 @@ class ReferenceServer:
 
         if chat:  # like vLLM: a role-only chunk right away, which carries no content
             yield sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-        tokens = int(body.get("max_tokens", body.get("max_completion_tokens")))
+        tokens = _max_tokens(body) or 0
         for i in range(tokens):
             await asyncio.sleep(self.ttft_s if i == 0 else self.itl_s)
             if self.error_after_chunks is not None and i == self.error_after_chunks:
@@ -88,6 +88,12 @@ class ReferenceServer:
         if self.send_usage and (body.get("stream_options") or {}).get("include_usage"):
             yield sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": tokens}})
         yield sse("[DONE]")
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """The output length asked for: `max_tokens`, or `max_completion_tokens` (GuideLLM's)."""
+    value = body.get("max_tokens", body.get("max_completion_tokens"))
+    return value if isinstance(value, int) else None
 
 
 def build_parser() -> argparse.ArgumentParser:
