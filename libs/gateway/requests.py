@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors
 from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+T = TypeVar("T")
 
 
 def check_supported(body: _SamplingFields) -> None:
@@ -79,3 +87,28 @@ async def completion_prompts(
         )
         ids.append(list(response.token_ids))
     return ids
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise errors.model_not_found(requested, served)
+
+
+async def tokenizer_call(call: Awaitable[T]) -> T:
+    """Awaits a tokenizer RPC; its failures become the API's errors (bad input: 400, else 503)."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            raise errors.invalid(error.details() or "invalid input") from error
+        raise errors.ApiError(
+            503, f"tokenizer unavailable: {error.code().name}", type_="service_unavailable"
+        ) from error
+
+
+def validation_error(details: Sequence[Mapping[str, Any]]) -> errors.ApiError:
+    """A body that failed validation -> a 400 naming the first bad field, as OpenAI's API does."""
+    first = details[0] if details else {"msg": "invalid request", "loc": ()}
+    location = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = f"{location}: {first['msg']}" if location else str(first["msg"])
+    return errors.invalid(message, location or None)

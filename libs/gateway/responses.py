@@ -1,16 +1,23 @@
-"""Pipeline events -> OpenAI response objects (whole and streamed chunks)."""
+"""Pipeline events -> whole OpenAI response objects (streamed chunks: libs/gateway/streaming.py)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cleave.common.v1 import common_pb2
+from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from libs.gateway import errors, metrics
+from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, SequenceEvent
+from libs.gateway.pool import Endpoint
+from libs.observability.logging import bound_request_id
 
 TokenText = Callable[[Sequence[int]], Awaitable[dict[int, str]]]
+# Pipeline.run, or a scripted stand-in in tests.
+Generate = Callable[[GenerationSpec], AsyncIterator[SequenceEvent | Finished]]
 
 
 @dataclass
@@ -18,6 +25,32 @@ class Choice:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    """One prompt's whole result: its n choices by index and the pipeline's final counts."""
+
+    choices: dict[int, Choice]
+    finished: Finished
+
+
+class TokenizerTexts:
+    """Text of token ids from the tokenizer service, for logprobs and echo."""
+
+    def __init__(self, tokenizer: tokenizer_pb2_grpc.TokenizerStub) -> None:
+        self._tokenizer = tokenizer
+
+    async def token_texts(self, ids: Sequence[int]) -> dict[int, str]:
+        """Each token decoded on its own (a token's text in context may differ, e.g. a leading space)."""
+        texts = {}
+        for token_id in ids:
+            texts[token_id] = await self.text([token_id])
+        return texts
+
+    async def text(self, ids: Sequence[int]) -> str:
+        result = await self._tokenizer.Detokenize(tokenizer_pb2.DetokenizeRequest(token_ids=ids))
+        return str(result.text)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
@@ -72,6 +105,141 @@ async def completion_logprobs(
         ],
         "text_offset": offsets,
     }
+
+
+async def collect(generate: Generate, spec: GenerationSpec) -> Generation:
+    """Runs one spec to the end, joining each sequence's events into its choice."""
+    choices: dict[int, Choice] = {i: Choice() for i in range(spec.sampling.n or 1)}
+    started = time.perf_counter()
+    with bound_request_id(spec.request_id):
+        try:
+            async for event in generate(spec):
+                if isinstance(event, SequenceEvent):
+                    choice = choices[event.index]
+                    choice.text += event.text
+                    choice.logprobs.extend(event.logprobs)
+                    choice.finish_reason = event.finish_reason or choice.finish_reason
+                else:
+                    metrics.E2E_SECONDS.observe(time.perf_counter() - started)
+                    metrics.COMPLETION_TOKENS.observe(event.completion_tokens)
+                    return Generation(choices, event)
+        except MidStreamError as error:
+            raise worker_failed(error) from error
+    raise errors.ApiError(502, "generation ended without completing", type_="server_error")
+
+
+def worker_failed(error: MidStreamError) -> errors.ApiError:
+    """A worker failing after tokens were produced is a bad gateway, not a bad request."""
+    return errors.ApiError(502, str(error), type_="server_error", code="worker_failed")
+
+
+async def chat_completion(
+    spec: GenerationSpec,
+    generation: Generation,
+    *,
+    model: str,
+    top_logprobs: int | None,
+    token_text: TokenText,
+) -> dict[str, Any]:
+    """The chat.completion object; top_logprobs is None when the request asked for no logprobs."""
+    choices = []
+    for index, choice in sorted(generation.choices.items()):
+        logprobs = None
+        if top_logprobs is not None:
+            logprobs = await chat_logprobs(choice.logprobs, top_logprobs, token_text)
+        choices.append(
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": choice.text},
+                "logprobs": logprobs,
+                "finish_reason": choice.finish_reason,
+            }
+        )
+    finished = generation.finished
+    return {
+        "id": f"chatcmpl-{spec.request_id}",
+        "object": "chat.completion",
+        "created": now(),
+        "model": model,
+        "choices": choices,
+        "usage": usage(finished.prompt_tokens, finished.completion_tokens, finished.cached_prompt_tokens),
+    }
+
+
+async def text_completion(
+    specs: Sequence[GenerationSpec],
+    generations: Sequence[Generation],
+    *,
+    model: str,
+    logprobs: int | None,
+    echo: bool,
+    texts: TokenizerTexts,
+) -> dict[str, Any]:
+    """The text_completion object over one generation per prompt.
+
+    As in OpenAI's API, prompt i's n choices get indices i*n .. i*n+n-1 and usage is the
+    sum over prompts.
+    """
+    n = specs[0].sampling.n or 1
+    choices = []
+    for prompt_index, (spec, generation) in enumerate(zip(specs, generations, strict=True)):
+        prefix = await texts.text(spec.prompt_token_ids) if echo else ""
+        for index, choice in sorted(generation.choices.items()):
+            choice_logprobs = None
+            if logprobs is not None:
+                choice_logprobs = await completion_logprobs(choice.logprobs, logprobs, texts.token_texts)
+            choices.append(
+                {
+                    "index": prompt_index * n + index,
+                    "text": prefix + choice.text,
+                    "logprobs": choice_logprobs,
+                    "finish_reason": choice.finish_reason,
+                }
+            )
+    finished = [g.finished for g in generations]
+    return {
+        "id": f"cmpl-{specs[0].request_id}",
+        "object": "text_completion",
+        "created": now(),
+        "model": model,
+        "choices": choices,
+        "usage": usage(
+            sum(f.prompt_tokens for f in finished),
+            sum(f.completion_tokens for f in finished),
+            sum(f.cached_prompt_tokens for f in finished),
+        ),
+    }
+
+
+def models(served_model: str, max_model_len: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": served_model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "cleave",
+                "max_model_len": max_model_len,
+            }
+        ],
+    }
+
+
+def health(endpoints: Sequence[Endpoint]) -> tuple[dict[str, Any], int]:
+    """The /health body and status: ready (200) while some worker can decode, else 503."""
+    ready = any(e.healthy and e.role in ("decode", "both") for e in endpoints)
+    workers = [
+        {
+            "address": e.address,
+            "role": e.role,
+            "healthy": e.healthy,
+            "running": e.stats.num_running,
+            "kv_cache_usage": round(e.stats.kv_cache_usage, 4),
+        }
+        for e in endpoints
+    ]
+    return {"status": "ok" if ready else "unavailable", "workers": workers}, 200 if ready else 503
 
 
 def sse(payload: dict[str, Any] | str) -> str:

@@ -1,0 +1,39 @@
+"""A validated request + its prompt's token ids -> the GenerationSpec the pipeline runs."""
+
+from __future__ import annotations
+
+import uuid
+
+from libs.gateway import errors, metrics
+from libs.gateway.openai_api import _SamplingFields
+from libs.gateway.pipeline import GenerationSpec
+from libs.gateway.requests import sampling_params
+
+
+def generation_spec(
+    body: _SamplingFields,
+    prompt: list[int],
+    *,
+    model: str,
+    max_model_len: int,
+    max_tokens: int | None,
+    logprobs: int | None,
+) -> GenerationSpec:
+    """Refuses prompts that are empty or, with the completion, longer than the context.
+
+    With no max_tokens the completion may use the rest of the context (as vLLM does).
+    """
+    if not prompt:
+        raise errors.invalid("prompt is empty", "prompt")
+    if max_tokens is None:
+        max_tokens = max(1, max_model_len - len(prompt))
+    if len(prompt) + max_tokens > max_model_len:
+        raise errors.context_too_long(len(prompt), max_tokens, max_model_len)
+    metrics.PROMPT_TOKENS.observe(len(prompt))
+    return GenerationSpec(
+        request_id=uuid.uuid4().hex,
+        model=model,
+        prompt_token_ids=prompt,
+        sampling=sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
+        stops=body.stops(),
+    )

@@ -1,0 +1,157 @@
+"""Pipeline events -> the server-sent events of a streamed completion or chat completion.
+
+The chunk sequence follows vLLM's OpenAI server: chat opens with one role chunk per choice,
+each pipeline event becomes one chunk, usage comes last when asked for, and the stream ends
+with `data: [DONE]`. A failure after the response started cannot change the HTTP status, so
+it is sent as an error object before [DONE].
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from libs.gateway import errors, metrics
+from libs.gateway.openai_api import StreamOptions
+from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, SequenceEvent
+from libs.gateway.responses import (
+    Generate,
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    now,
+    sse,
+    usage,
+    worker_failed,
+)
+from libs.observability.logging import bound_request_id
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamFormat:
+    chat: bool  # chat.completion.chunk objects with deltas, else text_completion ones
+    model: str
+    options: StreamOptions
+    top_logprobs: int  # alternatives per token when the spec asks for logprobs
+
+
+async def sse_events(
+    generate: Generate, spec: GenerationSpec, fmt: StreamFormat, token_text: TokenText
+) -> AsyncIterator[str]:
+    """The response body, one `data: ...` event at a time.
+
+    When the client goes away the server cancels this generator while it awaits the
+    pipeline; the cancellation reaches the pipeline's gRPC calls, which frees the workers.
+    """
+    chunks = _Chunks(spec, fmt)
+    clock = _LatencyClock()
+    completion_tokens = 0
+    with bound_request_id(spec.request_id):
+        try:
+            if fmt.chat:
+                yield chunks.roles(spec.sampling.n or 1)
+            async for event in generate(spec):
+                if isinstance(event, Finished):
+                    clock.finished(event)
+                    if fmt.options.include_usage:
+                        yield chunks.chunk(
+                            [],
+                            usage=usage(
+                                event.prompt_tokens, event.completion_tokens, event.cached_prompt_tokens
+                            ),
+                        )
+                    break
+                clock.token_event()
+                choice = await chunks.choice(event, token_text)
+                completion_tokens += len(event.token_ids)
+                if fmt.options.continuous_usage_stats:
+                    # The prompt's cached tokens are only known at the end: 0 until then.
+                    yield chunks.chunk(
+                        [choice], usage=usage(len(spec.prompt_token_ids), completion_tokens, 0)
+                    )
+                else:
+                    yield chunks.chunk([choice])
+        except (errors.ApiError, MidStreamError) as error:
+            body = error.body() if isinstance(error, errors.ApiError) else worker_failed(error).body()
+            log.warning("stream failed", error=body["error"]["message"])
+            yield sse(body)
+        yield sse("[DONE]")
+
+
+class _Chunks:
+    """Builds one stream's chunks: the same id, object and model on each."""
+
+    def __init__(self, spec: GenerationSpec, fmt: StreamFormat) -> None:
+        self._fmt = fmt
+        prefix = "chatcmpl" if fmt.chat else "cmpl"
+        self._id = f"{prefix}-{spec.request_id}"
+        self._object = "chat.completion.chunk" if fmt.chat else "text_completion"
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        return sse(
+            {
+                "id": self._id,
+                "object": self._object,
+                "created": now(),
+                "model": self._fmt.model,
+                "choices": choices,
+                **extra,
+            }
+        )
+
+    def roles(self, n: int) -> str:
+        return self.chunk(
+            [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for i in range(n)
+            ]
+        )
+
+    async def choice(self, event: SequenceEvent, token_text: TokenText) -> dict[str, Any]:
+        top = self._fmt.top_logprobs
+        if self._fmt.chat:
+            logprobs = await chat_logprobs(event.logprobs, top, token_text) if event.logprobs else None
+            return {
+                "index": event.index,
+                "delta": {"content": event.text} if event.text else {},
+                "logprobs": logprobs,
+                "finish_reason": event.finish_reason,
+            }
+        logprobs = await completion_logprobs(event.logprobs, top, token_text) if event.logprobs else None
+        return {
+            "index": event.index,
+            "text": event.text,
+            "logprobs": logprobs,
+            "finish_reason": event.finish_reason,
+        }
+
+
+class _LatencyClock:
+    """Observes time to first token, the gaps between token events, and the whole request."""
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self._last: float | None = None
+
+    def token_event(self) -> None:
+        now_s = time.perf_counter()
+        if self._last is None:
+            metrics.TTFT_SECONDS.observe(now_s - self._started)
+        else:
+            metrics.ITL_SECONDS.observe(now_s - self._last)
+        self._last = now_s
+
+    def finished(self, event: Finished) -> None:
+        metrics.E2E_SECONDS.observe(time.perf_counter() - self._started)
+        metrics.COMPLETION_TOKENS.observe(event.completion_tokens)

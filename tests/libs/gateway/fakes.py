@@ -1,0 +1,86 @@
+"""Stand-ins for the gateway's collaborators: a tokenizer with a tiny vocabulary and
+pipelines that replay scripted events, so response building is tested without a network."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from cleave.common.v1 import common_pb2
+from cleave.tokenizer.v1 import tokenizer_pb2
+from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent
+
+# "é" is two UTF-8 bytes, so logprobs' "bytes" is not just the code points.
+VOCAB = {1: "Hello", 2: ",", 3: " world", 4: "!", 5: "é", 6: " there"}
+
+
+class FakeTokenizer:
+    """The TokenizerStub calls the gateway makes, over VOCAB; records what it detokenized."""
+
+    def __init__(self) -> None:
+        self.detokenized: list[list[int]] = []
+
+    async def Detokenize(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
+        self.detokenized.append(list(request.token_ids))
+        return tokenizer_pb2.DetokenizeResponse(text="".join(VOCAB[i] for i in request.token_ids))
+
+    async def Tokenize(self, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
+        ids = [i for word in request.text.split("|") for i, text in VOCAB.items() if text == word]
+        strs = [VOCAB[i] for i in ids] if request.return_token_strs else []
+        return tokenizer_pb2.TokenizeResponse(token_ids=ids, token_strs=strs)
+
+    async def RenderChat(self, request: tokenizer_pb2.RenderChatRequest) -> tokenizer_pb2.RenderChatResponse:
+        # One token per message: enough to see the messages arrived in order.
+        return tokenizer_pb2.RenderChatResponse(token_ids=[len(m.content[0].text) for m in request.messages])
+
+
+class ScriptedPipeline:
+    """Pipeline.run's shape: replays `events`, then raises `error` (if any) or waits forever
+    when `hang` (a stream the client abandons); `closed` is set when the run ends in any way."""
+
+    def __init__(
+        self,
+        events: Sequence[SequenceEvent | Finished],
+        *,
+        error: Exception | None = None,
+        hang: bool = False,
+    ) -> None:
+        self.events = list(events)
+        self.error = error
+        self.hang = hang
+        self.specs: list[GenerationSpec] = []
+        self.closed = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        self.specs.append(spec)
+        try:
+            for event in self.events:
+                yield event
+            if self.error is not None:
+                raise self.error
+            if self.hang:
+                self.waiting.set()
+                await asyncio.Event().wait()
+        finally:
+            self.closed.set()
+
+
+def spec(*, n: int = 1, prompt: Sequence[int] = (1, 2), request_id: str = "r1") -> GenerationSpec:
+    return GenerationSpec(
+        request_id=request_id,
+        model="m",
+        prompt_token_ids=list(prompt),
+        sampling=common_pb2.SamplingParams(n=n),
+        stops=[],
+    )
+
+
+def token(token_id: int, logprob: float, *top: tuple[int, float]) -> common_pb2.TokenLogprob:
+    """A sampled token's logprob with its alternatives, given best first (rank 1, 2, ...).
+
+    They are stored worst first, as nothing promises the worker sends them in rank order."""
+    alternatives = [
+        common_pb2.TopLogprob(token_id=t, logprob=lp, rank=rank) for rank, (t, lp) in enumerate(top, 1)
+    ]
+    return common_pb2.TokenLogprob(token_id=token_id, logprob=logprob, rank=1, top=alternatives[::-1])

@@ -1,0 +1,65 @@
+"""The request-side checks the HTTP routes run before generating."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from libs.gateway import errors
+from libs.gateway.requests import check_model, tokenizer_call, validation_error
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_request_for_another_model_is_a_404_naming_the_served_one() -> None:
+    check_model(None, "smol")
+    check_model("smol", "smol")
+    with pytest.raises(errors.ApiError, match="this server serves 'smol'") as raised:
+        check_model("gpt-4", "smol")
+    assert (raised.value.status, raised.value.code) == (404, "model_not_found")
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+async def failing(error: Exception) -> list[int]:
+    raise error
+
+
+async def test_tokenizer_call_passes_the_result_through() -> None:
+    async def ids() -> list[int]:
+        return [1, 2]
+
+    assert await tokenizer_call(ids()) == [1, 2]
+
+
+async def test_input_the_tokenizer_refuses_is_the_clients_error() -> None:
+    with pytest.raises(errors.ApiError, match="bad template") as raised:
+        await tokenizer_call(failing(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "bad template")))
+    assert raised.value.status == 400
+
+
+async def test_a_tokenizer_that_is_down_is_a_503() -> None:
+    with pytest.raises(errors.ApiError, match="tokenizer unavailable: UNAVAILABLE") as raised:
+        await tokenizer_call(failing(rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")))
+    assert (raised.value.status, raised.value.type) == (503, "service_unavailable")
+
+
+@pytest.mark.parametrize(
+    ("details", "message", "param"),
+    [
+        ([{"loc": ("body", "messages", 0, "role"), "msg": "Input should be 'user'"}],
+         "messages.0.role: Input should be 'user'", "messages.0.role"),
+        ([{"loc": ("body",), "msg": "Field required"}], "Field required", None),
+        ([], "invalid request", None),
+    ],
+)  # fmt: skip
+def test_a_body_that_fails_validation_names_its_first_bad_field(
+    details: list[dict[str, Any]], message: str, param: str | None
+) -> None:
+    error = validation_error(details)
+    assert (error.status, error.message, error.param) == (400, message, param)

@@ -1,0 +1,228 @@
+"""The SSE chunk sequence of streamed responses, for scripted pipeline events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from libs.gateway import errors
+from libs.gateway.openai_api import StreamOptions
+from libs.gateway.pipeline import Finished, MidStreamError, SequenceEvent
+from libs.gateway.responses import TokenizerTexts
+from libs.gateway.streaming import StreamFormat, sse_events
+from tests.libs.gateway.fakes import FakeTokenizer, ScriptedPipeline, spec, token
+
+pytestmark = pytest.mark.anyio
+
+TWO_SEQUENCES: list[SequenceEvent | Finished] = [
+    SequenceEvent(0, "Hello", [1]),
+    SequenceEvent(1, "", [2]),  # a token whose text is held back (e.g. half a character)
+    SequenceEvent(0, " world", [3], finish_reason="stop"),
+    SequenceEvent(1, "é", [5], finish_reason="length"),
+    Finished(prompt_tokens=2, completion_tokens=4, cached_prompt_tokens=1),
+]
+
+
+def stream_format(*, chat: bool, top: int = 0, **options: bool) -> StreamFormat:
+    return StreamFormat(chat=chat, model="m", options=StreamOptions(**options), top_logprobs=top)
+
+
+async def stream(pipeline: ScriptedPipeline, fmt: StreamFormat, *, n: int = 1) -> list[Any]:
+    """The events' payloads: parsed JSON objects, or the raw "[DONE]"."""
+    unused: Any = FakeTokenizer()
+    payloads = []
+    async for event in sse_events(
+        pipeline.run, spec(n=n, request_id="abc"), fmt, TokenizerTexts(unused).token_texts
+    ):
+        assert event.startswith("data: ") and event.endswith("\n\n")
+        data = event[len("data: ") : -2]
+        payloads.append(data if data == "[DONE]" else json.loads(data))
+    return payloads
+
+
+async def test_chat_stream_opens_with_roles_then_deltas_usage_and_done() -> None:
+    payloads = await stream(
+        ScriptedPipeline(TWO_SEQUENCES), stream_format(chat=True, include_usage=True), n=2
+    )
+    assert payloads[-1] == "[DONE]"
+    chunks = payloads[:-1]
+    assert {(c["id"], c["object"], c["model"]) for c in chunks} == {
+        ("chatcmpl-abc", "chat.completion.chunk", "m")
+    }
+    assert all(isinstance(c["created"], int) for c in chunks)
+    assert [c["choices"] for c in chunks] == [
+        [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            },
+            {
+                "index": 1,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            },
+        ],
+        [{"index": 0, "delta": {"content": "Hello"}, "logprobs": None, "finish_reason": None}],
+        [{"index": 1, "delta": {}, "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "delta": {"content": " world"}, "logprobs": None, "finish_reason": "stop"}],
+        [{"index": 1, "delta": {"content": "é"}, "logprobs": None, "finish_reason": "length"}],
+        [],
+    ]
+    assert "usage" not in chunks[1]
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 4,
+        "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
+
+
+async def test_completion_stream_has_no_role_chunk_and_no_usage_unless_asked() -> None:
+    payloads = await stream(ScriptedPipeline(TWO_SEQUENCES), stream_format(chat=False), n=2)
+    assert payloads[-1] == "[DONE]"
+    assert {(c["id"], c["object"]) for c in payloads[:-1]} == {("cmpl-abc", "text_completion")}
+    assert [c["choices"] for c in payloads[:-1]] == [
+        [{"index": 0, "text": "Hello", "logprobs": None, "finish_reason": None}],
+        [{"index": 1, "text": "", "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "text": " world", "logprobs": None, "finish_reason": "stop"}],
+        [{"index": 1, "text": "é", "logprobs": None, "finish_reason": "length"}],
+    ]
+    assert not any("usage" in c for c in payloads[:-1])
+
+
+async def test_continuous_usage_stats_count_the_tokens_streamed_so_far() -> None:
+    events: list[SequenceEvent | Finished] = [
+        SequenceEvent(0, "Hello,", [1, 2]),
+        SequenceEvent(0, " world", [3], finish_reason="stop"),
+        Finished(prompt_tokens=2, completion_tokens=3, cached_prompt_tokens=2),
+    ]
+    payloads = await stream(
+        ScriptedPipeline(events), stream_format(chat=False, include_usage=True, continuous_usage_stats=True)
+    )
+    assert [c["usage"] for c in payloads[:-1]] == [
+        {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
+        {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
+        # The last one is the pipeline's own count, with the cached prompt tokens.
+        {
+            "prompt_tokens": 2,
+            "completion_tokens": 3,
+            "total_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 2},
+        },
+    ]
+
+
+async def test_streamed_logprobs_are_formatted_per_chunk() -> None:
+    events: list[SequenceEvent | Finished] = [
+        SequenceEvent(0, "Hello", [1], [token(1, -0.5, (1, -0.5), (6, -1.0))]),
+        SequenceEvent(0, "", [], [], "stop"),
+        Finished(prompt_tokens=2, completion_tokens=1, cached_prompt_tokens=0),
+    ]
+    completion = await stream(ScriptedPipeline(events), stream_format(chat=False, top=2))
+    assert [c["choices"][0]["logprobs"] for c in completion[:-1]] == [
+        {
+            "tokens": ["Hello"],
+            "token_logprobs": [-0.5],
+            "top_logprobs": [{"Hello": -0.5, " there": -1.0}],
+            "text_offset": [0],
+        },
+        None,
+    ]
+    chat = await stream(ScriptedPipeline(events), stream_format(chat=True, top=1))
+    assert chat[1]["choices"][0]["logprobs"] == {
+        "content": [
+            {
+                "token": "Hello",
+                "logprob": -0.5,
+                "bytes": list(b"Hello"),
+                "top_logprobs": [{"token": "Hello", "logprob": -0.5, "bytes": list(b"Hello")}],
+            }
+        ]
+    }
+
+
+async def test_a_worker_failing_mid_stream_ends_with_an_error_object_then_done() -> None:
+    pipeline = ScriptedPipeline(
+        [SequenceEvent(0, "Hello", [1])], error=MidStreamError("decode worker failed")
+    )
+    payloads = await stream(pipeline, stream_format(chat=True, include_usage=True))
+    assert payloads[1]["choices"][0]["delta"] == {"content": "Hello"}
+    assert payloads[2:] == [
+        {
+            "error": {
+                "message": "decode worker failed",
+                "type": "server_error",
+                "param": None,
+                "code": "worker_failed",
+            }
+        },
+        "[DONE]",
+    ]
+
+
+async def test_an_api_error_before_any_token_is_sent_as_its_own_error_object() -> None:
+    payloads = await stream(
+        ScriptedPipeline([], error=errors.no_workers("decode")), stream_format(chat=False)
+    )
+    assert payloads == [errors.no_workers("decode").body(), "[DONE]"]
+
+
+async def test_the_stream_stops_at_finished_even_if_the_pipeline_would_go_on() -> None:
+    events: list[SequenceEvent | Finished] = [
+        SequenceEvent(0, "Hello", [1], finish_reason="stop"),
+        Finished(prompt_tokens=2, completion_tokens=1, cached_prompt_tokens=0),
+        SequenceEvent(0, "late", [4]),
+    ]
+    payloads = await stream(ScriptedPipeline(events), stream_format(chat=False))
+    assert [c["choices"][0]["text"] for c in payloads[:-1]] == ["Hello"]
+    assert payloads[-1] == "[DONE]"
+
+
+async def test_a_client_that_goes_away_cancels_the_pipeline_without_more_events() -> None:
+    pipeline = ScriptedPipeline([SequenceEvent(0, "Hello", [1])], hang=True)
+    unused: Any = FakeTokenizer()
+    received: list[str] = []
+
+    async def client() -> None:
+        async for event in sse_events(
+            pipeline.run, spec(), stream_format(chat=False), TokenizerTexts(unused).token_texts
+        ):
+            received.append(event)
+
+    task = asyncio.create_task(client())
+    await asyncio.wait_for(pipeline.waiting.wait(), 5)
+    task.cancel()  # what the HTTP server does when the client disconnects
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pipeline.closed.is_set()
+    assert len(received) == 1 and '"text": "Hello"' in received[0]
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_latency_metrics_observe_first_token_gaps_and_the_whole_stream() -> None:
+    before = {
+        name: sample(name)
+        for name in (
+            "cleave_gateway_ttft_seconds_count",
+            "cleave_gateway_itl_seconds_count",
+            "cleave_gateway_e2e_seconds_count",
+            "cleave_gateway_completion_tokens_sum",
+        )
+    }
+    await stream(ScriptedPipeline(TWO_SEQUENCES), stream_format(chat=True), n=2)
+    assert sample("cleave_gateway_ttft_seconds_count") - before["cleave_gateway_ttft_seconds_count"] == 1
+    assert sample("cleave_gateway_itl_seconds_count") - before["cleave_gateway_itl_seconds_count"] == 3
+    assert sample("cleave_gateway_e2e_seconds_count") - before["cleave_gateway_e2e_seconds_count"] == 1
+    assert (
+        sample("cleave_gateway_completion_tokens_sum") - before["cleave_gateway_completion_tokens_sum"] == 4
+    )
