@@ -14,14 +14,13 @@ import structlog
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from cleave.worker.v1 import worker_pb2
 from libs.rpc.channel import open_channel
 
 log = structlog.get_logger(__name__)
 
 
 class KvStoreLookup:
-    def __init__(self, address: str, layout: worker_pb2.KvLayout, timeout_s: float = 0.5) -> None:
+    def __init__(self, address: str, layout: common_pb2.KvLayout, timeout_s: float = 0.5) -> None:
         self._channel = open_channel(address)
         self._stub = kvstore_pb2_grpc.KvStoreStub(self._channel)
         self._layout = layout

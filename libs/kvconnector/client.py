@@ -13,7 +13,6 @@ import grpc
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from cleave.worker.v1 import worker_pb2
 from libs.kvconnector.plan import LookupResult
 from libs.rpc.options import RpcOptions
 
@@ -23,7 +22,7 @@ class KvStoreUnavailable(Exception):
 
 
 class KvStoreClient:
-    def __init__(self, address: str, layout: worker_pb2.KvLayout, timeout_s: float) -> None:
+    def __init__(self, address: str, layout: common_pb2.KvLayout, timeout_s: float) -> None:
         self.address = address
         self._layout = layout
         self._timeout_s = timeout_s

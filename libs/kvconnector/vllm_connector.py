@@ -1,7 +1,8 @@
 """A vLLM KV connector that loads prompt prefixes from Cleave's kvstore and saves new ones.
 
-The gap this fills: LMCache's own vLLM connector does not run on vLLM's CPU build here
-(shared/notes/environment.md), and vLLM's offloading connectors keep KV inside one engine.
+The gap this fills: LMCache's own vLLM connector does not run on vLLM's CPU build (its
+connector factory knows only GPU-like devices and falls back to recomputing), and vLLM's
+offloading connectors keep KV inside one engine.
 This connector makes the kvstore (LMCache's tiers behind a gRPC service) a fleet-wide prefix
 cache for every worker: the scheduler half asks the kvstore how much of a prompt it holds
 (one Lookup per request) and tells vLLM those tokens are external hits; the worker half
@@ -23,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,7 +35,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.model_executor.models.utils import extract_layer_index
 
-from cleave.worker.v1 import worker_pb2
 from libs.kvconnector import paged
 from libs.kvconnector.client import KvStoreClient, KvStoreUnavailable
 from libs.kvconnector.counters import CounterBox, KvStoreConnectorStats, KvStorePromMetrics
@@ -49,8 +48,9 @@ from libs.kvconnector.plan import (
     tokens_to_load,
 )
 from libs.kvconnector.saver import BackgroundSaver
+from libs.kvlayout.from_vllm import engine_kv_facts
+from libs.kvlayout.layout import kv_layout
 from libs.kvstore.chunks import tensor_crc32c
-from libs.models.fingerprint import model_fingerprint
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
@@ -93,27 +93,18 @@ class KvStoreConnectorMetadata(KVConnectorMetadata):
     saves: list[SaveSpec] = field(default_factory=list)
 
 
-def engine_kv_layout(vllm_config: Any) -> tuple[worker_pb2.KvLayout, torch.dtype]:
-    """The layout the kvstore keys chunks by, and the KV cache's torch dtype."""
-    model_config = vllm_config.model_config
+def stored_dtype(vllm_config: Any) -> torch.dtype:
+    """The KV cache's torch dtype, which chunks are stored in; refuses what the kvstore cannot
+    hold. The layout chunks are keyed by comes from libs/kvlayout, as the worker's does."""
     cache_dtype = str(vllm_config.cache_config.cache_dtype)
     if cache_dtype != "auto":
         raise ValueError(
             f"the kvstore connector stores KV in the model's dtype; kv-cache-dtype {cache_dtype!r} is not supported"
         )
-    dtype = model_config.dtype
+    dtype: torch.dtype = vllm_config.model_config.dtype
     if dtype not in paged.TORCH_TO_PROTO:
         raise ValueError(f"the kvstore connector does not store KV of dtype {dtype}")
-    model_type = getattr(model_config.hf_text_config, "model_type", "")
-    layout = worker_pb2.KvLayout(
-        model_fingerprint=model_fingerprint(Path(model_config.model), model_type),
-        block_size=vllm_config.cache_config.block_size,
-        kv_dtype=paged.TORCH_TO_PROTO[dtype],
-        num_layers=model_config.get_num_layers(vllm_config.parallel_config),
-        num_kv_heads=model_config.get_num_kv_heads(vllm_config.parallel_config),
-        head_dim=model_config.get_head_size(),
-    )
-    return layout, dtype
+    return dtype
 
 
 class KvStoreConnector(KVConnectorBase_V1):
@@ -127,7 +118,8 @@ class KvStoreConnector(KVConnectorBase_V1):
                 f"kvstore chunk of {self._settings.chunk_tokens} tokens is not a multiple of the "
                 f"KV block size {self._block_size}"
             )
-        self._layout, self._dtype = engine_kv_layout(vllm_config)
+        self._dtype = stored_dtype(vllm_config)
+        self._layout = kv_layout(engine_kv_facts(vllm_config))
         self._counters = CounterBox()
         self._client: KvStoreClient | None = None
         # Scheduler half

@@ -19,7 +19,6 @@ from google.protobuf.message import DecodeError
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
-from cleave.worker.v1 import worker_pb2
 from libs.kvstore.identity import InvalidKey, check_key, same_identity
 
 MAGIC = b"CKV1"
@@ -58,7 +57,7 @@ def tensor_crc32c(tensor: common_pb2.Tensor) -> int:
 
 
 def check_chunk(
-    chunk: kvstore_pb2.KvChunk, layout: worker_pb2.KvLayout, fingerprint: str, chunk_tokens: int
+    chunk: kvstore_pb2.KvChunk, layout: common_pb2.KvLayout, fingerprint: str, chunk_tokens: int
 ) -> None:
     """Raises ChunkRejected unless `chunk` is well-formed KV of `layout` with a valid crc.
 

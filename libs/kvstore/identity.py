@@ -12,7 +12,6 @@ import re
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
-from cleave.worker.v1 import worker_pb2
 
 # Bumped when the stored chunk format (libs/kvstore/chunks.py) changes incompatibly: old
 # chunks then stop matching instead of being misread.
@@ -27,7 +26,7 @@ class InvalidKey(ValueError):
     """A key, layout or token id that cannot be a valid chunk key."""
 
 
-def layout_fingerprint(layout: worker_pb2.KvLayout, chunk_tokens: int) -> str:
+def layout_fingerprint(layout: common_pb2.KvLayout, chunk_tokens: int) -> str:
     """32 hex digits identifying the model and KV layout that chunks were computed with.
 
     `block_size` is left out on purpose: a chunk is a dense [layers, 2, tokens, heads, dim]

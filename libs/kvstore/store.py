@@ -29,8 +29,8 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryObj
 from prometheus_client import CollectorRegistry
 
+from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
-from cleave.worker.v1 import worker_pb2
 from libs.kvstore.chunks import ChunkRejected, RejectReason, check_chunk, decode_blob, encode_blob
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.identity import InvalidKey, layout_fingerprint
@@ -129,15 +129,15 @@ class KvStore:
 
     # --- keys ---------------------------------------------------------------------------
 
-    def fingerprint(self, layout: worker_pb2.KvLayout) -> str:
+    def fingerprint(self, layout: common_pb2.KvLayout) -> str:
         return layout_fingerprint(layout, self.config.chunk_tokens)
 
-    def chunk_keys(self, token_ids: Sequence[int], layout: worker_pb2.KvLayout) -> list[kvstore_pb2.ChunkKey]:
+    def chunk_keys(self, token_ids: Sequence[int], layout: common_pb2.KvLayout) -> list[kvstore_pb2.ChunkKey]:
         return self._keyer.keys(token_ids, self.fingerprint(layout))
 
     # --- put ----------------------------------------------------------------------------
 
-    def put(self, layout: worker_pb2.KvLayout, chunks: Sequence[kvstore_pb2.KvChunk]) -> list[PutOutcome]:
+    def put(self, layout: common_pb2.KvLayout, chunks: Sequence[kvstore_pb2.KvChunk]) -> list[PutOutcome]:
         """Stores chunks of `layout`; a bad chunk is rejected (counted, logged), never stored."""
         self.expire_leases()
         try:
@@ -160,7 +160,7 @@ class KvStore:
         return outcomes
 
     def _put_one(
-        self, chunk: kvstore_pb2.KvChunk, layout: worker_pb2.KvLayout, fingerprint: str
+        self, chunk: kvstore_pb2.KvChunk, layout: common_pb2.KvLayout, fingerprint: str
     ) -> tuple[PutOutcome, list[_PendingWrite]]:
         check_chunk(chunk, layout, fingerprint, self.config.chunk_tokens)
         key = engine_key(chunk.key)
@@ -327,7 +327,7 @@ class KvStore:
 
     # --- lookup -------------------------------------------------------------------------
 
-    def lookup(self, token_ids: Sequence[int], layout: worker_pb2.KvLayout) -> LookupResult:
+    def lookup(self, token_ids: Sequence[int], layout: common_pb2.KvLayout) -> LookupResult:
         """How many leading tokens are stored, and where. Raises InvalidKey."""
         self.expire_leases()
         keys = self.chunk_keys(token_ids, layout)

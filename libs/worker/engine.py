@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from libs.kvlayout.layout import KvFacts
+
 
 @dataclass(frozen=True)
 class TopLogprob:
@@ -52,15 +54,10 @@ class EngineInfo:
     model: str
     vocab_size: int
     max_model_len: int
-    block_size: int
-    kv_cache_dtype: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    kv: KvFacts  # what its KV cache is: the worker's KvLayout is made from it
     num_kv_blocks: int
     engine_id: str  # KV-transfer identity; empty when the engine transfers no KV
     engine_version: str
-    model_fingerprint: str
 
 
 @dataclass
@@ -76,7 +73,6 @@ class EngineStats:
     kvstore: dict[str, float] = field(default_factory=dict)
     # Cumulative NIXL handoff reads (decode side): transfers, seconds, bytes, failures.
     kv_pulls: dict[str, float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine(Protocol):

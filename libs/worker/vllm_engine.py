@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -15,7 +14,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from libs.kvconnector.vllm_connector import register as register_kvstore_connector
-from libs.models.fingerprint import model_fingerprint
+from libs.kvlayout.from_vllm import engine_kv_facts
 from libs.worker.engine import (
     EngineInfo,
     EngineStats,
@@ -46,7 +45,7 @@ class VllmEngine:
         stats = CapturingStatLogger.latest
         if stats is None:
             raise RuntimeError("vLLM did not create Cleave's stat logger")
-        return cls(engine, stats, _engine_info(engine, Path(engine_kwargs["model"])))
+        return cls(engine, stats, _engine_info(engine))
 
     @property
     def info(self) -> EngineInfo:
@@ -128,31 +127,19 @@ def _one_logprob(token_id: int, entry: dict[int, Any]) -> TokenLogprob:
     )
 
 
-def _engine_info(engine: AsyncLLM, model_path: Path) -> EngineInfo:
+def _engine_info(engine: AsyncLLM) -> EngineInfo:
     config = engine.vllm_config
     model_config = config.model_config
-    text_config = model_config.hf_text_config
     kv_transfer = config.kv_transfer_config
     return EngineInfo(
         model=model_config.served_model_name,
         vocab_size=model_config.get_vocab_size(),
         max_model_len=model_config.max_model_len,
-        block_size=config.cache_config.block_size,
-        kv_cache_dtype=_kv_dtype_name(str(config.cache_config.cache_dtype), model_config.dtype),
-        num_layers=model_config.get_num_layers(config.parallel_config),
-        num_kv_heads=model_config.get_num_kv_heads(config.parallel_config),
-        head_dim=model_config.get_head_size(),
+        kv=engine_kv_facts(config),
         num_kv_blocks=int(config.cache_config.num_gpu_blocks or 0),
         engine_id=kv_transfer.engine_id if kv_transfer is not None else "",
         engine_version=f"vllm {_vllm_version()} {config.device_config.device_type}",
-        model_fingerprint=model_fingerprint(model_path, getattr(text_config, "model_type", "")),
     )
-
-
-def _kv_dtype_name(cache_dtype: str, model_dtype: Any) -> str:
-    """ "auto" means the model's dtype: name it, so KV layouts (the handoff check, kvstore
-    keys) say what the bytes are."""
-    return str(model_dtype).removeprefix("torch.") if cache_dtype == "auto" else cache_dtype
 
 
 def _vllm_version() -> str:

@@ -31,12 +31,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2 as pb
 from cleave.kvstore.v1 import kvstore_pb2_grpc
-from cleave.worker.v1 import worker_pb2
 from libs.kvstore.chunks import tensor_crc32c
 from libs.rpc.channel import open_channel
 from libs.stack.launcher import free_port
 
-SMOLLM2 = worker_pb2.KvLayout(
+SMOLLM2 = common_pb2.KvLayout(
     model_fingerprint="smollm2-135m-instruct-bench",
     block_size=128,
     kv_dtype=common_pb2.DTYPE_BFLOAT16,
@@ -70,7 +69,7 @@ async def wait_serving(address: str, timeout_s: float = 120) -> None:
     raise TimeoutError(address)
 
 
-def chunks_for(keys: list[pb.ChunkKey], layout: worker_pb2.KvLayout) -> list[pb.KvChunk]:
+def chunks_for(keys: list[pb.ChunkKey], layout: common_pb2.KvLayout) -> list[pb.KvChunk]:
     chunks = []
     for key in keys:
         shape = [layout.num_layers, 2, key.num_tokens, layout.num_kv_heads, layout.head_dim]

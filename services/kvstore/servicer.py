@@ -19,7 +19,6 @@ import structlog
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from cleave.worker.v1 import worker_pb2
 from libs.kvstore.identity import InvalidKey
 from libs.kvstore.metrics import Tier
 from libs.kvstore.store import KvStore, PutOutcome, StoreStats
@@ -88,7 +87,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
         context: grpc.aio.ServicerContext,
     ) -> None:
         # Consecutive messages usually share a layout; each run of one layout is one store call.
-        runs: list[tuple[worker_pb2.KvLayout, list[kvstore_pb2.KvChunk]]] = []
+        runs: list[tuple[common_pb2.KvLayout, list[kvstore_pb2.KvChunk]]] = []
         for request in batch:
             if runs and runs[-1][0] == request.layout:
                 runs[-1][1].append(request.chunk)

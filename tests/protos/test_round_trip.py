@@ -114,3 +114,11 @@ def test_stream_messages_end_in_typed_complete_or_error() -> None:
     for message in (worker_pb2.GenerateResponse, tokenizer_pb2.DetokenizeStreamResponse):
         kinds = {f.name for f in message.DESCRIPTOR.oneofs_by_name["kind"].fields}
         assert "complete" in kinds and "error" in kinds, message.DESCRIPTOR.full_name
+
+
+def test_the_kvstore_contract_does_not_depend_on_the_worker_contract() -> None:
+    # KvLayout is shared by workers and the kvstore, so it lives in the common contract.
+    assert [dep.name for dep in kvstore_pb2.DESCRIPTOR.dependencies] == ["cleave/common/v1/common.proto"]
+    assert kvstore_pb2.LookupRequest.DESCRIPTOR.fields_by_name["layout"].message_type is (
+        worker_pb2.KvHandoff.DESCRIPTOR.fields_by_name["layout"].message_type
+    )

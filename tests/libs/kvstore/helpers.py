@@ -8,14 +8,13 @@ from dataclasses import dataclass
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
-from cleave.worker.v1 import worker_pb2
 from libs.kvstore.chunks import ELEMENT_BYTES, tensor_crc32c
 from libs.kvstore.store import KvStore
 
 CHUNK_TOKENS = 16
 # 2 layers x K,V x 16 tokens x 2 heads x 8 dims x bf16 = 2 KiB per full chunk; a stored blob
 # adds its key and header and takes one 4 KiB allocation.
-LAYOUT = worker_pb2.KvLayout(
+LAYOUT = common_pb2.KvLayout(
     model_fingerprint="tiny-llama-test",
     block_size=16,
     kv_dtype=common_pb2.DTYPE_BFLOAT16,
@@ -26,9 +25,9 @@ LAYOUT = worker_pb2.KvLayout(
 BLOB_ALLOCATION = 4096
 
 
-def with_layout(**changes: object) -> worker_pb2.KvLayout:
+def with_layout(**changes: object) -> common_pb2.KvLayout:
     """LAYOUT with some fields changed."""
-    layout = worker_pb2.KvLayout()
+    layout = common_pb2.KvLayout()
     layout.CopyFrom(LAYOUT)
     for name, value in changes.items():
         setattr(layout, name, value)
@@ -36,7 +35,7 @@ def with_layout(**changes: object) -> worker_pb2.KvLayout:
 
 
 def make_chunk(
-    key: kvstore_pb2.ChunkKey, layout: worker_pb2.KvLayout = LAYOUT, seed: int = 0
+    key: kvstore_pb2.ChunkKey, layout: common_pb2.KvLayout = LAYOUT, seed: int = 0
 ) -> kvstore_pb2.KvChunk:
     shape = [layout.num_layers, 2, key.num_tokens, layout.num_kv_heads, layout.head_dim]
     nbytes = ELEMENT_BYTES[layout.kv_dtype] * shape[0] * shape[1] * shape[2] * shape[3] * shape[4]
@@ -65,7 +64,7 @@ StoreFactory = Callable[..., KvStore]
 
 
 def put_prompt(
-    store: KvStore, tokens: Sequence[int], layout: worker_pb2.KvLayout = LAYOUT
+    store: KvStore, tokens: Sequence[int], layout: common_pb2.KvLayout = LAYOUT
 ) -> list[kvstore_pb2.KvChunk]:
     chunks = [make_chunk(key, layout) for key in store.chunk_keys(tokens, layout)]
     store.put(layout, chunks)

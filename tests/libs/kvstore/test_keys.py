@@ -12,7 +12,6 @@ import blake3
 import pytest
 
 from cleave.common.v1 import common_pb2
-from cleave.worker.v1 import worker_pb2
 from libs.kvstore.identity import InvalidKey, check_key, layout_fingerprint
 from libs.kvstore.keys import ChunkKeyer, engine_key
 from tests.libs.kvstore.helpers import CHUNK_TOKENS, LAYOUT, prompt, with_layout
@@ -70,10 +69,9 @@ def test_keys_agree_across_processes_with_different_hash_seeds() -> None:
     script = (
         "import json, sys\n"
         "from cleave.common.v1 import common_pb2\n"
-        "from cleave.worker.v1 import worker_pb2\n"
         "from libs.kvstore.identity import layout_fingerprint\n"
         "from libs.kvstore.keys import ChunkKeyer, engine_key\n"
-        "layout = worker_pb2.KvLayout(model_fingerprint='m', kv_dtype=common_pb2.DTYPE_BFLOAT16,"
+        "layout = common_pb2.KvLayout(model_fingerprint='m', kv_dtype=common_pb2.DTYPE_BFLOAT16,"
         " num_layers=30, num_kv_heads=3, head_dim=64)\n"
         "keys = ChunkKeyer(16).keys(json.loads(sys.argv[1]), layout_fingerprint(layout, 16))\n"
         "print(json.dumps([engine_key(k).to_string() for k in keys]))\n"
@@ -97,7 +95,7 @@ def test_keys_agree_across_processes_with_different_hash_seeds() -> None:
         out, err = process.communicate(timeout=120)
         assert process.returncode == 0, err.decode()[-2000:]
         outputs.append(json.loads(out.decode().strip().splitlines()[-1]))
-    layout = worker_pb2.KvLayout(
+    layout = common_pb2.KvLayout(
         model_fingerprint="m", kv_dtype=common_pb2.DTYPE_BFLOAT16, num_layers=30, num_kv_heads=3, head_dim=64
     )
     here = [engine_key(k).to_string() for k in ChunkKeyer(16).keys(tokens, layout_fingerprint(layout, 16))]

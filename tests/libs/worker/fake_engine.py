@@ -7,21 +7,24 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from libs.kvlayout.layout import KvFacts
 from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SequenceDelta, TokenLogprob
 
 INFO = EngineInfo(
     model="fake",
     vocab_size=1000,
     max_model_len=64,
-    block_size=16,
-    kv_cache_dtype="auto",
-    num_layers=2,
-    num_kv_heads=2,
-    head_dim=32,
+    kv=KvFacts(
+        model_fingerprint="f00d",
+        block_size=16,
+        kv_cache_dtype="bfloat16",
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=32,
+    ),
     num_kv_blocks=100,
     engine_id="fake-engine",
     engine_version="fake 0",
-    model_fingerprint="f00d",
 )
 
 
