@@ -85,3 +85,44 @@ def check_disjoint(
             f"devices not already in {flag_a} (overlap: {shared}); "
             "pass --allow-device-overlap to share them on purpose",
         )
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_bytes(flag: str, text: str) -> int:
+    """A byte count: 1073741824, 512MiB, 1G, 1.5GiB (K/M/G/T are powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match or (match.group(3) and not match.group(2) and match.group(3).lower() != "b"):
+        raise ConfigError(flag, text, "a size such as 1073741824, 512MiB or 2G")
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ConfigError(flag, text, "a positive size")
+    return size
+
+
+def format_bytes(size: int) -> str:
+    """The shortest exact spelling `parse_bytes` reads back: 1GiB, 1536MiB, 1000."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def format_device_group(ids: tuple[int, ...]) -> str:
+    return ",".join(map(str, ids))
+
+
+def format_key_values(pairs: tuple[tuple[str, str], ...]) -> str:
+    return " ".join(f"{key}:{value}" for key, value in pairs)
+
+
+def parse_addresses(flag: str, text: str) -> tuple[str, ...]:
+    """Comma-separated host:port addresses."""
+    addresses = tuple(a.strip() for a in text.split(",") if a.strip())
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(flag, text, f"comma-separated host:port addresses; bad item {address!r}")
+    return addresses

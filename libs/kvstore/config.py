@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.config.codecs import BYTES, POSITIVE_INT
+from libs.config.errors import ConfigError
+from libs.config.flags import PATH, flag
+
 # LMCache's default chunk size; every process that shares a Redis must use the same one
 # (it is part of the layout fingerprint, so a mismatch misses instead of mixing chunks).
 DEFAULT_CHUNK_TOKENS = 256
@@ -12,17 +16,21 @@ DEFAULT_CHUNK_TOKENS = 256
 REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KvStoreConfig:
-    # CPU memory tier: LMCache allocates this many bytes up front (and touches them).
-    cpu_bytes: int
-    # Local disk tier; None = no disk tier. The directory is created if missing and its
-    # chunks are adopted again after a restart.
-    disk_dir: Path | None = None
-    disk_bytes: int = 0
-    # Remote tier; None = no remote tier.
-    redis_url: str | None = None
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    """The tiers' flags, plus tuning that is fixed in code."""
+
+    # LMCache allocates the CPU tier up front (and touches it).
+    cpu_bytes: int = flag(1 << 30, codec=BYTES, help="CPU memory tier size, allocated at start (e.g. 1GiB)")
+    # The directory is created if missing and its chunks are adopted again after a restart.
+    disk_dir: Path | None = flag(None, codec=PATH, help="local disk tier directory (unset = no disk tier)")
+    disk_bytes: int = flag(10 << 30, codec=BYTES, help="local disk tier bound")
+    redis_url: str | None = flag(None, help="remote tier, e.g. redis://127.0.0.1:6379 (unset = none)")
+    chunk_tokens: int = flag(
+        DEFAULT_CHUNK_TOKENS,
+        codec=POSITIVE_INT,
+        help="tokens per chunk; every kvstore sharing a Redis must agree",
+    )
     # How long one Redis operation may take before Redis counts as down, and how often its
     # health is probed (also how soon a down Redis is tried again).
     remote_timeout_s: float = 1.0
@@ -46,9 +54,11 @@ class KvStoreConfig:
                 raise ValueError("disk_bytes must be positive when disk_dir is set")
             if "," in str(self.disk_dir):
                 # LMCache reads a comma-separated list of paths here.
-                raise ValueError(f"disk_dir must not contain ',': {self.disk_dir}")
+                raise ConfigError("--disk-dir", str(self.disk_dir), "a directory without ','")
         if self.redis_url is not None and not self.redis_url.startswith(REDIS_URL_SCHEMES):
-            raise ValueError(f"redis_url must start with one of {REDIS_URL_SCHEMES}: {self.redis_url!r}")
+            raise ConfigError(
+                "--redis-url", self.redis_url, f"a URL starting with one of {', '.join(REDIS_URL_SCHEMES)}"
+            )
         if self.chunk_tokens <= 0:
             raise ValueError("chunk_tokens must be positive")
         if not 0 < self.max_pinned_fraction < 1 or not 0 < self.max_chunk_fraction < 1:

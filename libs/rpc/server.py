@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,6 +18,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from libs.rpc.options import RpcOptions
+from libs.rpc.ports import write_port_file
 from libs.rpc.request_id import RequestIdServerInterceptor
 
 log = structlog.get_logger(__name__)
@@ -29,6 +31,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port; GrpcServer.port tells which
+    # Where to write the bound port once listening (launchers read it; see ports.py).
+    port_file: Path | None = None
     rpc: RpcOptions = field(default_factory=RpcOptions)
     # How long in-flight RPCs may finish after a stop is requested.
     shutdown_grace_s: float = 10.0
@@ -70,12 +74,15 @@ class GrpcServer:
     def address(self) -> str:
         return f"{self._config.host}:{self._port}"
 
-    async def start(self) -> None:
+    async def start(self, *, serving: bool = True) -> None:
+        """Binds and starts; `serving=False` answers health NOT_SERVING until set_serving."""
         self._port = self._server.add_insecure_port(f"{self._config.host}:{self._config.port}")
         if self._port == 0:
             raise OSError(f"could not bind gRPC server to {self._config.host}:{self._config.port}")
         await self._server.start()
-        await self.set_serving(True)
+        await self.set_serving(serving)
+        if self._config.port_file is not None:
+            write_port_file(self._config.port_file, self._port)
         log.info("grpc server started", address=self.address, services=[s.full_name for s in self._services])
 
     async def set_serving(self, serving: bool) -> None:
@@ -95,13 +102,25 @@ class GrpcServer:
         await self._server.wait_for_termination()
 
 
-async def serve_until_signal(server: GrpcServer, on_started: Callable[[], None] | None = None) -> None:
-    """Starts the server and runs until SIGINT/SIGTERM, then stops it gracefully."""
+async def serve_until_signal(
+    server: GrpcServer,
+    on_started: Callable[[], None] | None = None,
+    load: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Starts the server and runs until SIGINT/SIGTERM, then stops it gracefully.
+
+    With `load`, the port is bound (and reported) first and health says NOT_SERVING until
+    `load` (a model, an engine) has finished: see deferred.py.
+    """
+    await server.start(serving=load is None)
+    if load is not None:
+        # A signal during the load keeps its default action (the process ends at once).
+        await load()
+        await server.set_serving(True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await server.start()
     if on_started is not None:
         on_started()
     await stop.wait()

@@ -1,112 +1,156 @@
-"""Starts a local Cleave stack as child processes on loopback and stops it cleanly.
+"""Cleave's gRPC services as child processes on loopback: started from their config types,
+addressed through the port each one binds itself, ready when its gRPC health says so.
 
-Used by the gateway when it is given no worker addresses: one command, a working stack.
-Children run `python -m services.<name>.main` with this process's import path, so the same
-code and packages serve whether the gateway runs under `bazel run` or from a checkout.
+Each child gets `--port 0 --port-file F` (unless a port was asked for): it binds whatever
+port the kernel gives and writes it to F, so no port is ever picked by one process and bound
+by another. Children run `python -m services.<name>.main` with this process's import path,
+so the same code and packages serve under `bazel run` and from a checkout.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from libs.config.flags import render
+from libs.rpc.ports import read_port_file
+from libs.stack import process as processes
+from libs.stack.process import LaunchError, ProcessSpec, RunningProcess
+
 log = structlog.get_logger(__name__)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+PROGRESS_EVERY_S = 5.0
 
 
 @dataclass
-class Child:
+class Service:
     name: str
-    role: str  # tokenizer, prefill, decode, both
-    address: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
+    role: str  # tokenizer, kvstore, prefill, decode, both
+    running: RunningProcess
+    port_file: Path
+    host: str = "127.0.0.1"
     ready: bool = False
+    started_at: float = field(default_factory=time.monotonic)
+    ready_after_s: float | None = None
+
+    @property
+    def port(self) -> int | None:
+        return read_port_file(self.port_file)
+
+    @property
+    def address(self) -> str:
+        port = self.port
+        if port is None:
+            raise LaunchError(f"{self.name} has not reported its port yet")
+        return f"{self.host}:{port}"
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.running.process
+
+    def log_tail(self, lines: int = 40) -> str:
+        return processes.log_tail(self.running.log_path, lines)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.running.stop(timeout_s)
+
+    def kill(self) -> None:
+        self.running.kill()
+
+    def wait_bound(self, timeout_s: float = 120.0) -> str:
+        """The address, once the child has bound its port (before it is ready to serve)."""
+        deadline = time.monotonic() + timeout_s
+        while self.port is None:
+            code = self.running.exit_code()
+            if code is not None:
+                raise self.running.failure(f"exited with code {code} while starting")
+            if time.monotonic() > deadline:
+                raise self.running.failure(f"did not bind a port in {timeout_s:.0f}s")
+            time.sleep(0.1)
+        return self.address
+
+    async def check(self) -> bool:
+        """True once serving; raises LaunchError (with its log's end) if the process died."""
+        code = self.running.exit_code()
+        if code is not None:
+            raise self.running.failure(f"exited with code {code} while starting")
+        if self.port is None:
+            return False
+        try:
+            async with grpc.aio.insecure_channel(self.address) as channel:
+                response = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=1
+                )
+        except grpc.aio.AioRpcError:
+            return False
+        if response.status == health_pb2.HealthCheckResponse.SERVING and not self.ready:
+            self.ready = True
+            self.ready_after_s = time.monotonic() - self.started_at
+            log.info("ready", service=self.name, address=self.address, seconds=round(self.ready_after_s, 1))
+        return self.ready
+
+
+def start_service(name: str, role: str, module: str, config: Any, log_dir: Path) -> Service:
+    """Starts `python -m module` with `config` rendered to flags. `config` is the service's
+    frozen config type (it has `port` and `port_file`)."""
+    port_file = log_dir / f"{name}.port"
+    port_file.unlink(missing_ok=True)
+    argv = processes.python_module(module, render(replace(config, port_file=port_file)))
+    running = processes.start(ProcessSpec(name=name, argv=argv), log_dir)
+    log.info("started", service=name, pid=running.pid, log=str(running.log_path))
+    return Service(name, role, running, port_file, host=config.host)
+
+
+async def wait_ready(services: list[Service], timeout_s: float, *, progress: bool = False) -> None:
+    """Polls every service's health until all serve, printing progress while models load."""
+    started = time.monotonic()
+    last_report = 0.0
+    while True:
+        await asyncio.gather(*(s.check() for s in services if not s.ready))
+        waiting = [s.name for s in services if not s.ready]
+        if not waiting:
+            return
+        elapsed = time.monotonic() - started
+        if progress and elapsed - last_report >= PROGRESS_EVERY_S:
+            print(
+                f"cleave: loading… {elapsed:.0f}s, waiting for {', '.join(waiting)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            last_report = elapsed
+        if elapsed > timeout_s:
+            first = next(s for s in services if not s.ready)
+            raise first.running.failure(f"not ready after {timeout_s:.0f}s")
+        await asyncio.sleep(0.5)
 
 
 @dataclass
 class LocalStack:
-    log_dir: Path
-    children: list[Child] = field(default_factory=list)
+    """Services started together, watched while they run, stopped in reverse order."""
 
-    def start(self, name: str, role: str, module: str, args: Sequence[str], port: int) -> Child:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{name}.log"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        with log_path.open("wb") as handle:
-            process = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
-            )
-        child = Child(name, role, f"127.0.0.1:{port}", process, log_path)
-        self.children.append(child)
-        log.info("started", service=name, pid=process.pid, log=str(log_path))
-        return child
+    log_dir: Path
+    services: list[Service] = field(default_factory=list)
+
+    def start(self, name: str, role: str, module: str, config: Any) -> Service:
+        service = start_service(name, role, module, config, self.log_dir)
+        self.services.append(service)
+        return service
 
     def addresses(self, role: str) -> list[str]:
-        return [c.address for c in self.children if c.role == role]
+        return [s.address for s in self.services if s.role == role]
 
-    async def wait_ready(self, timeout_s: float) -> None:
-        """Polls every child's gRPC health, printing progress while models load."""
-        started = time.monotonic()
-        last_report = 0.0
-        while True:
-            await asyncio.gather(*(self._check(c) for c in self.children if not c.ready))
-            waiting = [c.name for c in self.children if not c.ready]
-            if not waiting:
-                return
-            elapsed = time.monotonic() - started
-            if elapsed - last_report >= 5:
-                print(
-                    f"cleave: loading… {elapsed:.0f}s, waiting for {', '.join(waiting)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                last_report = elapsed
-            if elapsed > timeout_s:
-                raise TimeoutError(
-                    f"not ready after {timeout_s:.0f}s: {', '.join(waiting)}; see logs in {self.log_dir}"
-                )
-            await asyncio.sleep(0.5)
-
-    async def _check(self, child: Child) -> None:
-        code = child.process.poll()
-        if code is not None:
-            tail = "\n".join(child.log_path.read_text(errors="replace").splitlines()[-15:])
-            raise RuntimeError(f"{child.name} exited with code {code} while starting:\n{tail}")
-        try:
-            async with grpc.aio.insecure_channel(child.address) as channel:
-                response = await health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(), timeout=1
-                )
-            child.ready = response.status == health_pb2.HealthCheckResponse.SERVING
-            if child.ready:
-                log.info("ready", service=child.name, address=child.address)
-        except grpc.aio.AioRpcError:
-            pass
+    async def wait_ready(self, timeout_s: float, *, progress: bool = True) -> None:
+        await wait_ready(self.services, timeout_s, progress=progress)
 
     async def watch(self, interval_s: float = 1.0) -> None:
         """Reaps children that exit on their own and says so once, with the log to read.
@@ -116,25 +160,20 @@ class LocalStack:
         """
         reported: set[str] = set()
         while True:
-            for child in self.children:
-                code = child.process.poll()
-                if code is not None and child.name not in reported:
-                    reported.add(child.name)
-                    log.error("local service exited", service=child.name, code=code, log=str(child.log_path))
+            for service in self.services:
+                code = service.running.exit_code()
+                if code is not None and service.name not in reported:
+                    reported.add(service.name)
+                    log.error(
+                        "local service exited",
+                        service=service.name,
+                        code=code,
+                        log=str(service.running.log_path),
+                    )
             await asyncio.sleep(interval_s)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM every child (graceful drain), then SIGKILL what is left, groups included."""
-        for child in self.children:
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for child in self.children:
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("child did not stop in time; killing", service=child.name)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.process.pid, signal.SIGKILL)  # vLLM's engine processes too
-            child.process.wait()
+        """SIGTERM each child (graceful drain), then SIGKILL what is left, vLLM's engines too."""
+        for service in reversed(self.services):
+            service.running.stop(timeout_s)
         log.info("local stack stopped")

@@ -12,6 +12,8 @@ from typing import Any
 
 from libs.worker.config import Device, Role, WorkerConfig
 
+CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
+
 _KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
 
@@ -36,6 +38,11 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         kwargs["dtype"] = config.dtype
     elif config.device is Device.CPU:
         kwargs["dtype"] = "bfloat16"
+    # On CPU vLLM would otherwise size the cache from its own default; 1 GiB fits SmolLM2's
+    # 8k context 45 times over and leaves room for several workers on one machine.
+    kv_bytes = config.kv_cache_bytes or (CPU_DEFAULT_KV_CACHE_BYTES if config.device is Device.CPU else None)
+    if kv_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_bytes
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size
     if config.max_seq_len_to_capture is not None:
@@ -106,18 +113,14 @@ def engine_environment(config: WorkerConfig) -> dict[str, str]:
     env = {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": config.kv_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(config.kv_port),
-        # Prefix-cache and KV-chunk hashes must agree across processes (field note 5).
+        # Prefix-cache and KV-chunk hashes must agree across processes; a random hash seed
+        # per process would make every cross-worker prefix lookup miss.
         "PYTHONHASHSEED": "0",
     }
     group = ",".join(str(i) for i in config.device_group)
     if config.device is Device.CPU:
-        env["VLLM_CPU_KVCACHE_SPACE"] = _gib(config.cpu_kv_cache_gib)
         if group:
             env["VLLM_CPU_OMP_THREADS_BIND"] = group
     elif config.device is Device.CUDA and group:
         env["CUDA_VISIBLE_DEVICES"] = group
     return env
-
-
-def _gib(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)

@@ -33,7 +33,7 @@ from cleave.kvstore.v1 import kvstore_pb2 as pb
 from cleave.kvstore.v1 import kvstore_pb2_grpc
 from libs.kvstore.chunks import tensor_crc32c
 from libs.rpc.channel import open_channel
-from libs.stack.launcher import free_port
+from libs.rpc.ports import free_port
 
 SMOLLM2 = common_pb2.KvLayout(
     model_fingerprint="smollm2-135m-instruct-bench",
@@ -138,9 +138,9 @@ async def bench(args: argparse.Namespace, a: str, b: str) -> None:
 def in_process(args: argparse.Namespace, redis_url: str) -> None:
     from prometheus_client import CollectorRegistry
 
+    from libs.config.values import parse_bytes
     from libs.kvstore.config import KvStoreConfig
     from libs.kvstore.store import KvStore
-    from services.kvstore.config import parse_bytes
 
     config = KvStoreConfig(cpu_bytes=parse_bytes("--cpu-bytes", args.cpu_bytes), redis_url=redis_url)
     prompts = [

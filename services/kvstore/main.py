@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from libs.kvstore.server_config import KvStoreProcessConfig, parse_args
 from libs.observability.logging import configure_logging
 from libs.observability.metrics import start_metrics_server
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
-from services.kvstore.config import KvStoreProcessConfig, parse_args
 
 if TYPE_CHECKING:
     from libs.kvstore.store import KvStore
@@ -40,7 +40,8 @@ async def expire_leases_forever(store: KvStore) -> None:
 
 
 async def run(process: KvStoreProcessConfig, store: KvStore, service: ServiceBinding) -> None:
-    server = GrpcServer(ServerConfig(host=process.host, port=process.port), [service])
+    server_config = ServerConfig(host=process.host, port=process.port, port_file=process.port_file)
+    server = GrpcServer(server_config, [service])
     sweeper = asyncio.create_task(expire_leases_forever(store))
     try:
         await serve_until_signal(server)

@@ -15,17 +15,19 @@ from libs.models.errors import ModelConversionError
 from libs.models.resolve import resolve_model
 from libs.observability.logging import configure_logging
 from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
-from libs.tokenization import Tokenizer, TokenizerConfig
-from services.tokenizer.config import TokenizerProcessConfig, parse_args
+from libs.tokenization import Tokenizer
+from libs.tokenization import TokenizerConfig as TokenizerFiles
+from libs.tokenization.server_config import TokenizerServerConfig, parse_args
 from services.tokenizer.servicer import TokenizerServicer, binding
 
 log = structlog.get_logger("cleave.tokenizer")
 
 
-def load_servicer(process: TokenizerProcessConfig) -> TokenizerServicer:
-    """Everything that can fail on a bad --model, done before any port is bound."""
+def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
+    """Everything that can fail on a bad --model, done before any port is bound (a tokenizer
+    loads in seconds; only a first GGUF conversion takes longer)."""
     resolved = resolve_model(process.model, process.model_cache_dir, progress=True)
-    tokenizer = Tokenizer.from_config(TokenizerConfig(path=resolved.path))
+    tokenizer = Tokenizer.from_config(TokenizerFiles(path=resolved.path))
     return TokenizerServicer(
         tokenizer,
         model=process.served_model_name or resolved.served_name,
@@ -33,8 +35,9 @@ def load_servicer(process: TokenizerProcessConfig) -> TokenizerServicer:
     )
 
 
-async def run(process: TokenizerProcessConfig, servicer: TokenizerServicer) -> None:
-    server = GrpcServer(ServerConfig(host=process.host, port=process.port), [binding(servicer)])
+async def run(process: TokenizerServerConfig, servicer: TokenizerServicer) -> None:
+    server_config = ServerConfig(host=process.host, port=process.port, port_file=process.port_file)
+    server = GrpcServer(server_config, [binding(servicer)])
     await serve_until_signal(server)
 
 

@@ -9,49 +9,41 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 
 import structlog
 
-from cleave.worker.v1 import worker_pb2_grpc
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.errors import ConfigError
+from libs.config.flags import parse
 from libs.models.errors import ModelNotFoundError
 from libs.models.resolve import resolve_model
 from libs.observability.logging import configure_logging
 from libs.observability.metrics import start_metrics_server
+from libs.rpc.deferred import DeferredServicer
+from libs.rpc.ports import free_port
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
 from libs.worker.config import Device, WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
 from libs.worker.service import WorkerService
-from services.worker.config import WorkerProcessConfig, parse_args
 from services.worker.servicer import WorkerServicer
 
 log = structlog.get_logger("cleave.worker")
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
-def worker_config(process: WorkerProcessConfig) -> WorkerConfig:
-    resolved = resolve_model(process.model, process.model_cache_dir, progress=True)
-    return WorkerConfig(
-        role=process.role,
-        model_path=resolved.path,
-        served_model_name=process.served_model_name or resolved.served_name,
-        device=process.device,
-        device_group=process.device_group,
-        max_model_len=process.max_model_len,
-        max_num_seqs=process.max_num_seqs,
-        max_seq_len_to_capture=process.max_seq_len_to_capture,
-        kv_cache_dtype=process.kv_cache_dtype,
-        dtype=process.dtype,
-        cpu_kv_cache_gib=process.cpu_kv_cache_gib,
-        block_size=process.block_size,
-        override_qaic_config=process.override_qaic_config,
-        speculative_config=process.speculative_config,
-        generation_config=process.generation_config,
-        kv_host=process.kv_host,
-        kv_port=process.kv_port,
-        kv_lease_s=process.kv_lease_s,
-        nixl_progress_delay_us=process.nixl_progress_delay_us,
-        kvstore_address=process.kvstore_address,
-        kvstore_chunk_tokens=process.kvstore_chunk_tokens,
+def resolved(config: WorkerConfig) -> WorkerConfig:
+    """`--model` as a folder, the served name filled in, a NIXL side-channel port chosen."""
+    model = resolve_model(config.model, config.model_cache_dir, progress=True)
+    # NIXL's side channel is bound by vLLM itself, after the model loads, on a port it must
+    # be told in advance: the one port Cleave cannot bind first (see libs/rpc/ports.py).
+    kv_port = config.kv_port or (free_port() if config.transfers_kv else 0)
+    return replace(
+        config,
+        model=str(model.path),
+        served_model_name=config.served_model_name or model.served_name,
+        kv_port=kv_port,
     )
 
 
@@ -75,44 +67,58 @@ def pin_to_cores(cores: tuple[int, ...]) -> None:
     os.sched_setaffinity(0, cores)
 
 
-async def run(process: WorkerProcessConfig, config: WorkerConfig) -> None:
+async def run(config: WorkerConfig) -> None:
     # vLLM reads these from the environment; set them before it is imported.
     os.environ.update(engine_environment(config))
     from libs.worker.vllm_engine import VllmEngine
 
-    started = time.perf_counter()
-    log.info("starting engine", role=config.role.value, model=str(config.model_path))
-    engine = VllmEngine.start(engine_kwargs(config))
-    log.info(
-        "engine ready", seconds=round(time.perf_counter() - started, 1), kv_blocks=engine.info.num_kv_blocks
+    deferred = DeferredServicer(WorkerServicer)
+    server = GrpcServer(
+        ServerConfig(host=config.host, port=config.port, port_file=config.port_file),
+        [ServiceBinding(SERVICE_NAME, deferred, worker_pb2_grpc.add_WorkerServicer_to_server)],
     )
-    server_config = ServerConfig(host=process.host, port=process.port)
-    service = WorkerService(config, engine, address="")
-    binding = ServiceBinding(
-        "cleave.worker.v1.Worker", WorkerServicer(service), worker_pb2_grpc.add_WorkerServicer_to_server
-    )
-    server = GrpcServer(server_config, [binding])
-    try:
-        await serve_until_signal(server, on_started=lambda: service.set_address(server.address))
-    finally:
-        await engine.shutdown()
+    engines: list[VllmEngine] = []
 
-
-def main() -> int:
-    try:
-        process = parse_args()
-        configure_logging(
-            level=process.log_level, json=process.log_json, service=f"worker-{process.role.value}"
+    async def load() -> None:
+        started = time.perf_counter()
+        log.info(
+            "starting engine", role=config.role.value, model=str(config.model_path), address=server.address
         )
-        config = worker_config(process)
+        engine = VllmEngine.start(engine_kwargs(config))
+        engines.append(engine)
+        log.info(
+            "engine ready",
+            seconds=round(time.perf_counter() - started, 1),
+            kv_blocks=engine.info.num_kv_blocks,
+        )
+        deferred.become(WorkerServicer(WorkerService(config, engine, address=server.address)))
+
+    try:
+        await serve_until_signal(server, load=load)
+    finally:
+        for engine in engines:
+            await engine.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse(WorkerConfig, argv)
+        configure_logging(level=config.log_level, json=config.log_json, service=f"worker-{config.role.value}")
+        config = resolved(config)
         if config.device is Device.CPU and config.device_group:
             pin_to_cores(config.device_group)  # fails here, with the flag's name, on a bad group
     except (ConfigError, ModelNotFoundError) as error:
         print(f"cleave worker: {error}", file=sys.stderr)
         return 2
-    if process.metrics_port is not None:
-        start_metrics_server(process.metrics_port)
-    asyncio.run(run(process, config))
+    if config.kv_cache_dtype != config.engine_kv_cache_dtype:
+        log.info(
+            "kv-cache-dtype mxint8: this platform has no MXINT8 KV cache, so the engine's cache "
+            "stays in the model dtype; KV leaving the engine for the kvstore is MXINT8",
+            engine_cache_dtype=config.engine_kv_cache_dtype,
+        )
+    if config.metrics_port is not None:
+        start_metrics_server(config.metrics_port)
+    asyncio.run(run(config))
     return 0
 
 

@@ -17,7 +17,7 @@ from libs.worker.engine_args import engine_environment, engine_kwargs
 
 def main(model_dir: str, prompts_path: str, out_path: str, max_tokens: int, dtype: str = "auto") -> None:
     config = WorkerConfig(
-        role=Role.BOTH, model_path=Path(model_dir), served_model_name="reference", kv_port=5799, dtype=dtype
+        role=Role.BOTH, model=str(model_dir), served_model_name="reference", kv_port=5799, dtype=dtype
     )
     os.environ.update(engine_environment(config))
     from vllm import LLM, SamplingParams

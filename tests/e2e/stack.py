@@ -1,5 +1,5 @@
 """Fixtures' building blocks: the default model, a worker or a whole one-command stack
-started as real processes."""
+started as real processes, with the flags a user would type."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import httpx
 import psutil
 
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from libs.config.flags import parse
 from libs.models.resolve import resolve_model
-from tests.e2e.harness import Service, free_port, start_module
+from libs.worker.config import WorkerConfig
+from services.gateway.config import GatewayConfig
+from tests.e2e.harness import Service, rss_mib, start
 
 # Shared with `bazel run` on the same machine, so SmolLM2 is converted once per machine.
 MODEL_CACHE = Path.home() / ".cache" / "cleave" / "models"
@@ -27,17 +30,8 @@ def default_model_dir() -> Path:
 
 
 def start_worker(role: str, model_dir: Path, *extra: str, name: str | None = None) -> Service:
-    port = free_port()
-    args = [
-        "--role", role,
-        "--model", str(model_dir),
-        "--port", str(port),
-        "--kv-port", str(free_port()),
-        "--max-model-len", "2048",
-        "--log-level", "info",
-        *extra,
-    ]  # fmt: skip
-    return start_module(name or role, "services.worker.main", args, port)
+    flags = ["--role", role, "--model", str(model_dir), "--max-model-len", "2048", *extra]
+    return start(name or role, "services.worker.main", parse(WorkerConfig, flags))
 
 
 def start_gateway_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Service, str]:
@@ -46,18 +40,16 @@ def start_gateway_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Servic
     float32: SmolLM2's greedy answer to the France question is a near-tie in bf16 (vLLM's
     bf16 kernels pick "L'Étoile..."; fp32 gives "The capital of France is Paris.").
     """
-    port = free_port()
-    args = ["--mode", mode, "--port", str(port), "--model", str(default_model_dir()), "--dtype", "float32",
-            "--cache-dir", str(cache_dir), *extra]  # fmt: skip
-    service = start_module("gateway", "services.gateway.main", args, port)
-    base_url = f"http://127.0.0.1:{port}"
+    flags = ["--mode", mode, "--port", "0", "--model", str(default_model_dir()), "--dtype", "float32",
+             "--cache-dir", str(cache_dir), *extra]  # fmt: skip
+    service = start("gateway", "services.gateway.main", parse(GatewayConfig, flags))
     try:
-        wait_http_ready(service, base_url, timeout_s=900)
+        base_url = wait_http_ready(service, timeout_s=900)
     except BaseException:
         _stop_tree(service)
         raise
     print(
-        f"local {mode} stack ready after {service.ready_after_s:.1f} s, RSS {service.rss_mib():.0f} MiB (all processes)"
+        f"local {mode} stack ready after {service.ready_after_s:.1f} s, RSS {rss_mib(service):.0f} MiB (all processes)"
     )
     return service, base_url
 
@@ -74,7 +66,12 @@ def _stop_tree(service: Service) -> list[psutil.Process]:
     tree: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
         tree = psutil.Process(service.process.pid).children(recursive=True)
-    service.stop(timeout_s=60)
+    if service.process.poll() is None:
+        service.process.send_signal(signal.SIGTERM)
+        try:
+            service.process.wait(60)
+        except Exception:
+            service.kill()
     _gone, alive = psutil.wait_procs(tree, timeout=10)
     for process in alive:
         with contextlib.suppress(psutil.Error, ProcessLookupError):
@@ -82,17 +79,20 @@ def _stop_tree(service: Service) -> list[psutil.Process]:
     return list(alive)
 
 
-def wait_http_ready(service: Service, base_url: str, timeout_s: float) -> None:
+def wait_http_ready(service: Service, timeout_s: float) -> str:
+    """The gateway's base URL once /health answers 200 (its port comes from its port file)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
             raise RuntimeError(f"gateway exited with {service.process.returncode}:\n{service.log_tail(60)}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                service.ready_after_s = time.perf_counter() - service.started_at
-                return
-        except httpx.HTTPError:
-            pass
+        if service.port is not None:
+            base_url = f"http://{service.address}"
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    service.ready_after_s = time.monotonic() - service.started_at
+                    return base_url
+            except httpx.HTTPError:
+                pass
         time.sleep(1)
     raise TimeoutError(f"gateway not ready after {timeout_s}s:\n{service.log_tail(60)}")
 

@@ -22,9 +22,10 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from libs.stack.launcher import free_port
+from libs.config.flags import parse
+from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e.harness import Service, child_env, log_dir, start_module, wait_healthy
+from tests.e2e.harness import Service, child_env, log_dir, start, wait_healthy
 from tests.e2e.prompts import question, shared_prefix
 from tests.e2e.stack import start_worker, stored_chunks
 from tests.libs.kvstore.redis_server import RedisServer
@@ -70,25 +71,12 @@ def reference(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list[
 @pytest.fixture(scope="module")
 def stack(reference: dict[str, list[int]], model_dir: Path) -> Iterator[dict[str, Service]]:
     redis = RedisServer(log_dir() / "redis").start()
-    port = free_port()
-    kvstore = start_module(
-        "kvstore",
-        "services.kvstore.main",
-        [
-            "--port",
-            str(port),
-            "--cpu-bytes",
-            "512MiB",
-            "--redis-url",
-            redis.url,
-            "--chunk-tokens",
-            str(CHUNK_TOKENS),
-        ],
-        port,
-    )
+    kvstore = start("kvstore", "services.kvstore.main", parse(KvStoreProcessConfig, [
+        "--cpu-bytes", "512MiB", "--redis-url", redis.url, "--chunk-tokens", str(CHUNK_TOKENS)]))  # fmt: skip
+    services = {"kvstore": kvstore}
+    kvstore.wait_bound()
     common = ("--dtype", "float32", "--kvstore-address", kvstore.address,
               "--kvstore-chunk-tokens", str(CHUNK_TOKENS))  # fmt: skip
-    services = {"kvstore": kvstore}
     try:
         asyncio.run(wait_healthy(kvstore, timeout_s=120))
         services["prefill"] = start_worker(
@@ -188,4 +176,4 @@ async def test_an_unreachable_kvstore_means_computing_not_failing(
     assert tokens == reference["unreachable"]
     assert after.kvstore.lookup_failures > before.kvstore.lookup_failures
     assert after.prompt_tokens_external == before.prompt_tokens_external
-    assert "kvstore unreachable" in stack["both"].log_path.read_text(errors="replace")
+    assert "kvstore unreachable" in stack["both"].running.log_path.read_text(errors="replace")

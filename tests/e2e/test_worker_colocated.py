@@ -16,7 +16,7 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.harness import Service, child_env, log_dir, wait_healthy
+from tests.e2e.harness import Service, child_env, log_dir, rss_mib, wait_healthy
 from tests.e2e.stack import start_worker
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +41,7 @@ def worker(model_dir: Path, reference: list[list[int]]) -> Iterator[Service]:
     service = start_worker("both", model_dir)
     try:
         asyncio.run(wait_healthy(service, timeout_s=600))
-        print(f"worker both: ready after {service.ready_after_s:.1f} s, RSS {service.rss_mib():.0f} MiB")
+        print(f"worker both: ready after {service.ready_after_s:.1f} s, RSS {rss_mib(service):.0f} MiB")
         yield service
     finally:
         service.stop()

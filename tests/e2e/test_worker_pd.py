@@ -18,7 +18,7 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.harness import Service, child_env, log_dir, wait_healthy
+from tests.e2e.harness import Service, child_env, log_dir, rss_mib, wait_healthy
 from tests.e2e.stack import start_worker
 
 pytestmark = pytest.mark.anyio
@@ -59,9 +59,7 @@ def workers(model_dir: Path) -> Iterator[dict[str, Service]]:
         asyncio.run(all_healthy())
         for name, service in services.items():
             # Start-up time and memory of each role, for the closing note.
-            print(
-                f"worker {name}: ready after {service.ready_after_s:.1f} s, RSS {service.rss_mib():.0f} MiB"
-            )
+            print(f"worker {name}: ready after {service.ready_after_s:.1f} s, RSS {rss_mib(service):.0f} MiB")
         yield services
     finally:
         for service in services.values():

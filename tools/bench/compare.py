@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from libs.stack.process import Launched, LaunchError, log_tail, start, wait_ready
 from tools.bench import report
 from tools.bench.config import BenchConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, BenchError, run_benchmark
@@ -43,7 +44,6 @@ from tools.bench.systems.catalog import (
     SystemPlan,
     plan_system,
 )
-from tools.bench.systems.launch import Launched, LaunchError, log_tail, start, wait_ready
 from tools.bench.systems.presets import DESCRIPTIONS, WORKLOADS, CompareSizes, bench_config
 from tools.bench.systems.scrape import scrape, stage_mean
 from tools.bench.systems.tables import SystemOutcome, markdown, workload_json
@@ -344,7 +344,7 @@ async def run_comparison(
 ) -> dict[str, list[SystemOutcome]]:
     """Every system in turn, every workload on each; reports rewritten after each system."""
     if ports is None:
-        from libs.stack.launcher import free_port
+        from libs.rpc.ports import free_port
 
         ports = free_port
     for name in options.systems:  # settings a system cannot run with fail now, not 20 minutes in

@@ -24,10 +24,13 @@ import numpy as np
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.config.groups import DEFAULT_CACHE_DIR
+from libs.kvstore.config import KvStoreConfig
+from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.models.resolve import resolve_model
-from libs.stack.launcher import LocalStack, free_port
+from libs.stack.launcher import LocalStack
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from services.flags import DEFAULT_MODEL_CACHE
+from libs.worker.config import Role, WorkerConfig
 from tools.bench import words
 
 
@@ -64,19 +67,18 @@ async def tokens_loaded(address: str) -> int:
 
 
 async def run(args: argparse.Namespace, stack: LocalStack, tokenizer: Tokenizer) -> None:
-    kv_port = free_port()
-    stack.start("kvstore", "kvstore", "services.kvstore.main",
-                ["--port", str(kv_port), "--cpu-bytes", "1GiB", "--chunk-tokens", str(args.chunk_tokens)], kv_port)  # fmt: skip
-    workers = []
+    store = KvStoreConfig(cpu_bytes=1 << 30, chunk_tokens=args.chunk_tokens)
+    kvstore = stack.start("kvstore", "kvstore", "services.kvstore.main", KvStoreProcessConfig(store=store))
+    kvstore_address = kvstore.wait_bound()
     for index in range(2):
-        port = free_port()
-        extra = ["--kv-cache-dtype", "mxint8"] if args.mxint8 else []
-        stack.start(f"worker{index}", "both", "services.worker.main",
-                    ["--role", "both", "--model", args.model, "--port", str(port), "--device-group", str(index),
-                     "--kvstore-address", f"127.0.0.1:{kv_port}", "--kvstore-chunk-tokens", str(args.chunk_tokens),
-                     "--dtype", args.dtype, *extra], port)  # fmt: skip
-        workers.append(f"127.0.0.1:{port}")
+        worker = WorkerConfig(
+            role=Role.BOTH, model=args.model, device_group=(index,), kvstore_address=kvstore_address,
+            kvstore_chunk_tokens=args.chunk_tokens, dtype=args.dtype,
+            kv_cache_dtype="mxint8" if args.mxint8 else "auto",
+        )  # fmt: skip
+        stack.start(f"worker{index}", "both", "services.worker.main", worker)
     await stack.wait_ready(timeout_s=900)
+    workers = stack.addresses("both")
     # One throwaway round: the first requests of a fresh engine are slower.
     warmup = prompt(tokenizer, 10_000, 256)
     for index, address in enumerate(workers):
@@ -122,7 +124,7 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=256)
     parser.add_argument("--mxint8", action="store_true", help="store KV as MXINT8 (--kv-cache-dtype mxint8)")
     args = parser.parse_args()
-    model = resolve_model(args.model, DEFAULT_MODEL_CACHE)
+    model = resolve_model(args.model, DEFAULT_CACHE_DIR / "models")
     tokenizer = Tokenizer.from_config(TokenizerConfig(path=model.path))
     stack = LocalStack(Path(tempfile.mkdtemp(prefix="cleave-kvstore-reuse-")))
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from libs.stack.launcher import free_port
+from libs.rpc.ports import free_port
 
 REDIS_SERVER = "/usr/bin/redis-server"
 START_TIMEOUT_S = 10.0

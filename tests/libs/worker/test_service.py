@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -29,7 +28,7 @@ def make(
     role: Role, engine: FakeEngine | None = None, clock: Clock | None = None
 ) -> tuple[WorkerService, FakeEngine]:
     engine = engine or FakeEngine()
-    config = WorkerConfig(role=role, model_path=Path("/nonexistent"), served_model_name="fake", kv_lease_s=30)
+    config = WorkerConfig(role=role, model="/nonexistent", served_model_name="fake", kv_lease_s=30)
     return WorkerService(config, engine, address="127.0.0.1:1", clock=clock or Clock()), engine
 
 

@@ -1,5 +1,4 @@
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,7 +24,7 @@ def test_vllm_resolves_the_configured_module_to_cleaves_connector() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as VllmNixlConnector
 
-    config = WorkerConfig(role=Role.PREFILL, model_path=Path("/m"), served_model_name="m")
+    config = WorkerConfig(role=Role.PREFILL, model="/m", served_model_name="m")
     transfer = KVTransferConfig(**engine_kwargs(config)["kv_transfer_config"])
     connector_class = KVConnectorFactory.get_connector_class(transfer)
     assert connector_class is NixlConnector

@@ -3,27 +3,69 @@ from __future__ import annotations
 import pytest
 
 from libs.config.errors import ConfigError
-from services.gateway.config import parse_args
-from services.gateway.main import worker_args
+from libs.config.flags import render
+from services.gateway.config import GatewayConfig, parse_args
+
+# qaic_disagg's documented prefill/decode command line, model and device numbers adapted.
+QAIC_DISAGG = [
+    "--model", "smollm2", "--prefill-port", "9900", "--prefill-device-group", "0..15",
+    "--decode-port", "9800", "--decode-device-group", "16..23", "--port", "8000",
+    "--prefill-max-num-seqs", "1", "--decode-max-num-seqs", "1",
+    "--prefill-max-seq-len-to-capture", "256", "--decode-max-seq-len-to-capture", "256",
+    "--max-model-len", "11264",
+    "--prefill-override-qaic-config", "split_retained_state_io:True mxfp6_matmul:True",
+    "--decode-override-qaic-config", "split_retained_state_io:True mxfp6_matmul:True",
+    "--generation-config", "vllm", "--kv-cache-dtype", "mxint8",
+]  # fmt: skip
 
 
 def test_defaults_launch_a_local_1p1d_stack() -> None:
     config = parse_args([])
     assert config.launches_stack
     assert config.mode.name == "1p1d"
-    assert config.model == "smollm2"
+    assert (config.model, config.port) == ("smollm2", 8000)
 
 
 def test_qaic_disagg_flags_parse() -> None:
     config = parse_args(
-        ["--mode", "2p1d", "--prefill-device-group", "0..15", "--decode-device-group", "16..23",
-         "--prefill-max-num-seqs", "4", "--decode-override-qaic-config", "aic_num_cores:8 mos:1",
-         "--kv-cache-dtype", "mxint8", "--decode-speculative-config", '{"method": "ngram"}']
-    )  # fmt: skip
+        [*QAIC_DISAGG, "--mode", "2p1d", "--decode-speculative-config", '{"method": "ngram"}']
+    )
     assert config.prefill.device_group == tuple(range(16))
     assert config.decode.device_group == tuple(range(16, 24))
-    assert config.prefill.max_num_seqs == 4
-    assert config.decode.override_qaic_config == (("aic_num_cores", "8"), ("mos", "1"))
+    assert (config.prefill.port, config.decode.port) == (9900, 9800)
+    assert config.prefill.max_num_seqs == 1 and config.decode.max_seq_len_to_capture == 256
+    assert config.decode.override_qaic_config == (
+        ("split_retained_state_io", "True"),
+        ("mxfp6_matmul", "True"),
+    )
+    assert config.decode.speculative_config == '{"method": "ngram"}'
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        QAIC_DISAGG,
+        ["--mode", "pd", "--decode-kv-cache-bytes", "3GiB", "--kvstore", "--kvstore-cpu-bytes", "512MiB"],
+        [
+            "--tokenizer",
+            "127.0.0.1:1",
+            "--decode-workers",
+            "127.0.0.1:2,127.0.0.1:3",
+            "--routing",
+            "round_robin",
+        ],
+        ["--log-json", "--startup-timeout-s", "12.5", "--port", "0", "--allow-device-overlap"],
+    ],
+)
+def test_rendering_gives_back_the_same_config(argv: list[str]) -> None:
+    config = parse_args(argv)
+    assert parse_args(render(config)) == config
+
+
+def test_per_role_kv_cache_bytes() -> None:
+    config = parse_args(["--prefill-kv-cache-bytes", "512MiB", "--decode-kv-cache-bytes", "2G"])
+    assert (config.prefill.kv_cache_bytes, config.decode.kv_cache_bytes) == (512 << 20, 2 << 30)
 
 
 def test_overlapping_groups_need_explicit_permission() -> None:
@@ -39,6 +81,8 @@ def test_worker_addresses_need_a_tokenizer_and_routing_must_exist() -> None:
     assert not parse_args(["--decode-workers", "127.0.0.1:1", "--tokenizer", "127.0.0.1:2"]).launches_stack
     with pytest.raises(ConfigError, match="--routing: got 'fastest'"):
         parse_args(["--routing", "fastest"])
+    with pytest.raises(ConfigError, match="--decode-workers"):
+        parse_args(["--decode-workers", "localhost", "--tokenizer", "127.0.0.1:2"])
 
 
 def test_kvstore_flags_start_one_or_use_one() -> None:
@@ -50,8 +94,16 @@ def test_kvstore_flags_start_one_or_use_one() -> None:
         parse_args(["--kvstore", "--kvstore-address", "127.0.0.1:7700"])
 
 
-def test_local_workers_get_the_kvstore_address() -> None:
-    config = parse_args(["--kvstore-address", "127.0.0.1:7700"])
-    args = worker_args(config, "prefill", "/m", "m", config.prefill, "127.0.0.1:7700")
-    assert args[args.index("--kvstore-address") + 1] == "127.0.0.1:7700"
-    assert "--kvstore-address" not in worker_args(config, "prefill", "/m", "m", config.prefill)
+def test_only_decode_speculates() -> None:
+    with pytest.raises(ConfigError, match="--prefill-speculative-config"):
+        parse_args(["--prefill-speculative-config", '{"method": "ngram"}'])
+
+
+def test_help_lists_every_role_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    for role in ("prefill", "decode"):
+        for name in ("port", "device-group", "max-num-seqs", "kv-cache-bytes", "override-qaic-config"):
+            assert f"--{role}-{name}" in text
+    assert isinstance(GatewayConfig.__doc__, str)

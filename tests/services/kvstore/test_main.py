@@ -19,10 +19,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cleave.kvstore.v1 import kvstore_pb2 as pb
 from cleave.kvstore.v1 import kvstore_pb2_grpc
 from libs.config.errors import ConfigError
+from libs.config.values import parse_bytes
+from libs.kvstore.server_config import parse_args
 from libs.rpc.channel import open_channel
-from libs.stack.launcher import free_port
+from libs.rpc.ports import free_port
 from services.kvstore import main as entry
-from services.kvstore.config import parse_args, parse_bytes
 from tests.libs.kvstore.helpers import LAYOUT, make_chunk, prompt
 from tests.libs.kvstore.redis_server import RedisServer
 

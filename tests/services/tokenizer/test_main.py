@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,8 +19,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cleave.tokenizer.v1 import tokenizer_pb2 as pb
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from libs.config.errors import ConfigError
+from libs.rpc.ports import free_port
+from libs.tokenization.server_config import parse_args
 from services.tokenizer import main as entry
-from services.tokenizer.config import parse_args
 
 
 def test_defaults() -> None:
@@ -55,12 +55,6 @@ def test_missing_model_exits_2_with_one_line(
     assert err.startswith("cleave tokenizer: Cannot use model") and err.count("\n") == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _wait_serving(address: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     async with grpc.aio.insecure_channel(address) as channel:
@@ -89,7 +83,7 @@ def test_process_serves_and_stops_on_sigterm(smollm2_dir: Path, tmp_path: Path) 
     model = tmp_path / "smol-tokenizer-only"
     shutil.copytree(smollm2_dir, model)
     (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    port = _free_port()
+    port = free_port()
     argv = [
         "--model",
         str(model),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from libs.stack.process import ProcessSpec
 from services.gateway.config import parse_args as parse_gateway_args
 from tools.bench.reference_server import build_parser as reference_parser
 from tools.bench.systems.catalog import (
@@ -22,7 +23,6 @@ from tools.bench.systems.catalog import (
     plan_system,
     split_cores,
 )
-from tools.bench.systems.launch import ProcessSpec
 from tools.vllm_disagg_proxy.main import parse_args as parse_proxy_args
 
 MODEL = Path("/models/smollm2")

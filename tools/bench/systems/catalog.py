@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.bench.systems.launch import ProcessSpec
+from libs.stack.local import split_cores as local_split_cores
+from libs.stack.process import ProcessSpec
 from tools.bench.systems.scrape import HistogramProbe
 
 SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "vllm-pd")
@@ -124,13 +125,11 @@ def core_list(cores: Sequence[int]) -> str:
 
 
 def split_cores(cores: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Prefill on the first half of the cores, decode on the rest (as Cleave's local stack
-    splits them); on 2 cores: prefill 0, decode 1."""
-    if len(cores) < 2:
+    """Cleave's local-stack split (libs/stack/local.py); disaggregated systems need 2 cores."""
+    prefill, decode = local_split_cores(tuple(cores))
+    if not prefill:
         raise ValueError(f"a disaggregated system needs at least 2 cores, got {list(cores)}")
-    ordered = sorted(cores)
-    half = len(ordered) // 2
-    return tuple(ordered[:half]), tuple(ordered[half:])
+    return prefill, decode
 
 
 def _vllm_server(

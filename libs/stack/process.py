@@ -1,5 +1,6 @@
-"""Child server processes: started in their own process group with logs in files, waited on
-until their HTTP health check answers, and stopped so that nothing they started outlives them.
+"""The one process launcher: child servers started in their own process group with logs in
+files, waited on until they are ready, and stopped so that nothing they started outlives
+them. The gateway's local stack, tools/bench and the end-to-end tests all start theirs here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class ProcessSpec:
     health_url: str = ""  # GET answering 200 once the server is ready; "" = ready when started
 
 
+def python_module(module: str, args: Sequence[str]) -> tuple[str, ...]:
+    """argv running `python -m module` with this interpreter (and, via child_environment,
+    this process's import path)."""
+    return (sys.executable, "-m", module, *args)
+
+
 def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment and import path, so `python -m ...` children find the same
     code and packages (under `bazel run` they live in the runfiles tree)."""
@@ -60,6 +67,27 @@ class RunningProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the process and everything it started."""
+        total = 0
+        for proc in [psutil.Process(self.pid), *self.descendants()]:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        return total
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (a crash, as tests provoke it)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait()
+
     def failure(self, what: str) -> LaunchError:
         return LaunchError(
             f"{self.spec.name} {what}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
@@ -83,8 +111,7 @@ class RunningProcess:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 print(
-                    f"compare: {self.spec.name} ignored SIGTERM for {timeout_s:.0f}s; killing",
-                    file=sys.stderr,
+                    f"cleave: {self.spec.name} ignored SIGTERM for {timeout_s:.0f}s; killing", file=sys.stderr
                 )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)

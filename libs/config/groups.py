@@ -1,0 +1,88 @@
+"""The flag groups Cleave's services are made of. Each flag is spelled here once.
+
+A service's config inherits the groups it needs (`class WorkerConfig(ServerFlags, ...)`);
+the gateway holds one `RoleFlags` per role under a prefix (`--prefill-*`, `--decode-*`) and
+hands them to the workers it launches with `libs.config.flags.compose`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, PORT, POSITIVE_INT
+from libs.config.flags import PATH, flag
+from libs.models.spec import DEFAULT_MODEL
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "cleave"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerFlags:
+    host: str = flag("127.0.0.1", help="address to listen on")
+    port: int = flag(0, codec=PORT, help="port to listen on (0 = any free port; the bound one is logged)")
+    # Launchers start children with --port 0 and read the bound port from this file, so no
+    # port is ever picked by one process and bound by another (a race lost in 2 of ~16
+    # stack starts when the bind came after a 40-80 s model load).
+    port_file: Path | None = flag(
+        None, codec=PATH, help="write the bound port to this file once listening (for launchers)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingFlags:
+    log_level: str = flag("info", help="debug, info, warning or error")
+    log_json: bool = flag(False, help="one JSON object per log line")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFlags:
+    model: str = flag(DEFAULT_MODEL, help="'smollm2', a local Hugging Face folder or a .gguf file")
+    served_model_name: str | None = flag(None, help="the name clients use (default: the model's own)")
+    model_cache_dir: Path = flag(
+        DEFAULT_CACHE_DIR / "models", codec=PATH, help="where models converted from GGUF are kept"
+    )
+    max_model_len: int = flag(2048, codec=POSITIVE_INT, help="context length (prompt + generated tokens)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineFlags:
+    """Engine settings every worker of one stack must share (KV moves between them)."""
+
+    dtype: str = flag("auto", help="model dtype: auto (bfloat16 on CPU), bfloat16, float16, float32")
+    kv_cache_dtype: str = flag(
+        "auto", help="vLLM cache dtype; mxint8 = Cloud AI's cache, elsewhere the kvstore's format"
+    )
+    generation_config: str = flag(
+        "vllm", help="'vllm' (vLLM's sampling defaults) or 'auto' (the model's generation_config.json)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleFlags:
+    """Settings of one worker role; the gateway spells them --prefill-NAME / --decode-NAME."""
+
+    device_group: tuple[int, ...] = flag(
+        (), codec=DEVICE_GROUP, help="cores (CPU) or device ids: '0..15', '0,2,4' or '3' (default: all)"
+    )
+    max_num_seqs: int = flag(8, codec=POSITIVE_INT, help="sequences the engine runs at once")
+    max_seq_len_to_capture: int | None = flag(
+        None, codec=POSITIVE_INT, help="longest sequence captured in a CUDA/QAIC graph"
+    )
+    override_qaic_config: tuple[tuple[str, str], ...] = flag(
+        (), codec=KEY_VALUES, help="'k:v k:v' for the Cloud AI platform plugin"
+    )
+    speculative_config: str | None = flag(
+        None, help='JSON, decode only, e.g. {"method": "ngram", "num_speculative_tokens": 5}'
+    )
+    kv_cache_bytes: int | None = flag(
+        None, codec=BYTES, help="KV cache size, e.g. 2GiB (default: 1GiB on CPU, vLLM's share of GPU memory)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvStoreClientFlags:
+    kvstore_address: str | None = flag(
+        None, help="host:port of the kvstore (fleet-wide prefix KV); unset = none"
+    )
+    kvstore_chunk_tokens: int = flag(256, codec=POSITIVE_INT, help="must equal the kvstore's --chunk-tokens")

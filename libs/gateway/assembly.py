@@ -1,0 +1,59 @@
+"""The gateway's parts, wired from service addresses: worker pool (with its health poller and
+Prometheus collector), tokenizer client, kvstore lookup, routing policies and pipeline."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import prometheus_client
+
+from cleave.tokenizer.v1 import tokenizer_pb2_grpc
+from cleave.worker.v1 import worker_pb2
+from libs.gateway.kvstore_lookup import KvStoreLookup
+from libs.gateway.pipeline import Pipeline
+from libs.gateway.pool import WorkerPool
+from libs.gateway.routing import create_policy
+from libs.gateway.worker_metrics import WorkerStatsCollector
+from libs.rpc.channel import open_channel
+
+
+@dataclass(frozen=True)
+class GatewayParts:
+    served_model: str
+    max_model_len: int
+    pipeline: Pipeline
+    pool: WorkerPool
+    tokenizer: tokenizer_pb2_grpc.TokenizerStub
+
+
+async def assemble(
+    cleanup: AsyncExitStack,
+    *,
+    tokenizer_address: str,
+    workers: dict[str, list[str]],
+    routing: str,
+    kvstore_address: str | None,
+    served_model: str = "",
+) -> GatewayParts:
+    """Connects to the services; everything opened is closed by `cleanup`."""
+    pool = WorkerPool(workers)
+    cleanup.push_async_callback(pool.close)
+    collector = WorkerStatsCollector(pool)
+    prometheus_client.REGISTRY.register(collector)
+    cleanup.callback(prometheus_client.REGISTRY.unregister, collector)
+    await pool.start()
+    first = next((e for e in pool.endpoints if e.healthy), None)
+    if first is None:
+        raise RuntimeError("no worker answered; check the worker addresses")
+    info = await first.stub.GetInfo(worker_pb2.GetInfoRequest())
+    tokenizer_channel = open_channel(tokenizer_address)
+    cleanup.push_async_callback(tokenizer_channel.close)
+    tokenizer = tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel)
+    lookup = None
+    if kvstore_address:
+        # The workers' layout keys the kvstore's chunks; the gateway asks with the same one.
+        lookup = KvStoreLookup(kvstore_address, info.kv_layout)
+        cleanup.push_async_callback(lookup.close)
+    pipeline = Pipeline(pool, tokenizer, create_policy(routing), create_policy(routing), prefix_lookup=lookup)
+    return GatewayParts(served_model or info.model, info.max_model_len, pipeline, pool, tokenizer)

@@ -1,0 +1,79 @@
+"""The local stack's flags: what the gateway starts when it is given no worker addresses."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from libs.config.codecs import BYTES, PORT
+from libs.config.errors import ConfigError
+from libs.config.flags import FLOAT, PATH, Codec, flag, group
+from libs.config.groups import DEFAULT_CACHE_DIR, EngineFlags, LoggingFlags, ModelFlags, RoleFlags
+from libs.config.values import check_disjoint
+from libs.stack.topology import Topology, parse_mode
+
+MODE: Codec[Topology] = Codec(lambda _flag, text: parse_mode(text), lambda topology: topology.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackRole(RoleFlags):
+    """One role's workers in the local stack: --prefill-* or --decode-*."""
+
+    port: int = flag(0, codec=PORT, help="first gRPC port of this role's workers (0 = any free ports)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackConfig(LoggingFlags, ModelFlags, EngineFlags):
+    cache_dir: Path = flag(DEFAULT_CACHE_DIR, codec=PATH, help="local stack: converted models and logs")
+    mode: Topology = flag(
+        parse_mode("1p1d"),
+        codec=MODE,
+        help="local stack topology: 'pd' (colocated) or 'XpYd', e.g. 1p1d, 2p1d",
+    )
+    prefill: StackRole = group("prefill", factory=StackRole)
+    # Colocated (pd) workers take the decode role's settings.
+    decode: StackRole = group("decode", factory=StackRole)
+    allow_device_overlap: bool = flag(False, help="let prefill and decode share devices")
+    startup_timeout_s: float = flag(900.0, codec=FLOAT, help="local stack: seconds to wait for every service")
+    # Fleet-wide prefix KV: a running kvstore's address for the local stack's workers, or
+    # --kvstore to have the local stack start one (CPU tier, plus Redis when a URL is given).
+    kvstore: bool = flag(
+        False, help="local stack: start a kvstore; workers share prompt-prefix KV through it"
+    )
+    kvstore_address: str | None = flag(None, help="local stack: workers use this running kvstore (host:port)")
+    kvstore_cpu_bytes: int = flag(1 << 30, codec=BYTES, help="the local kvstore's CPU memory tier")
+    kvstore_redis_url: str | None = flag(
+        None, help="the local kvstore's Redis tier, e.g. redis://127.0.0.1:6379"
+    )
+
+    def __post_init__(self) -> None:
+        check_disjoint(
+            "--prefill-device-group",
+            self.prefill.device_group,
+            "--decode-device-group",
+            self.decode.device_group,
+            allow=self.allow_device_overlap,
+        )
+        if self.prefill.speculative_config:
+            raise ConfigError(
+                "--prefill-speculative-config",
+                self.prefill.speculative_config,
+                "unset: only decode speculates",
+            )
+        if self.kvstore and self.kvstore_address:
+            raise ConfigError(
+                "--kvstore", True, "either --kvstore (start one) or --kvstore-address (use one), not both"
+            )
+
+    @property
+    def uses_kvstore(self) -> bool:
+        return self.kvstore or self.kvstore_address is not None
+
+    @property
+    def log_dir(self) -> Path:
+        return self.cache_dir / "logs"
+
+
+def usable_cores() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0)))

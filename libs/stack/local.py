@@ -1,0 +1,116 @@
+"""The local stack: from the gateway's StackConfig to running services and their addresses.
+
+Every child's command line is its config type rendered back to flags; the configs are
+composed from the stack's flag groups (the `--decode-*` group becomes a decode worker's
+RoleFlags), so a flag added to a group reaches the children with no code here.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, replace
+
+import structlog
+
+from libs.config.flags import compose
+from libs.config.groups import EngineFlags, LoggingFlags, ModelFlags, RoleFlags
+from libs.kvstore.config import KvStoreConfig
+from libs.kvstore.server_config import KvStoreProcessConfig
+from libs.models.resolve import resolve_model
+from libs.stack.config import StackConfig, StackRole, usable_cores
+from libs.stack.launcher import LocalStack
+from libs.tokenization.server_config import TokenizerServerConfig
+from libs.worker.config import Role, WorkerConfig
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class StackAddresses:
+    tokenizer: str
+    workers: dict[str, list[str]]  # role (prefill, decode, both) -> addresses
+    served_model: str
+    kvstore: str | None
+
+
+def split_cores(cores: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Default device groups for a disaggregated stack: prefill on the first half of the
+    usable cores, decode on the rest, so the two never fight over a core (the point of
+    disaggregating). One core: no split (both share it)."""
+    if len(cores) < 2:
+        return (), ()
+    ordered = tuple(sorted(cores))
+    half = len(ordered) // 2
+    return ordered[:half], ordered[half:]
+
+
+def with_default_groups(config: StackConfig, cores: tuple[int, ...]) -> StackConfig:
+    if config.prefill.device_group or config.decode.device_group or config.mode.colocated:
+        return config
+    prefill_group, decode_group = split_cores(cores)
+    if not prefill_group:
+        return config
+    log.info("pinning local workers to cores", prefill=prefill_group, decode=decode_group)
+    return replace(
+        config,
+        prefill=replace(config.prefill, device_group=prefill_group),
+        decode=replace(config.decode, device_group=decode_group),
+    )
+
+
+def worker_config(
+    config: StackConfig, role: Role, options: StackRole, index: int, kvstore_address: str | None
+) -> WorkerConfig:
+    return compose(
+        WorkerConfig,
+        (config, ModelFlags),
+        (config, EngineFlags),
+        (config, LoggingFlags),
+        (options, RoleFlags),
+        role=role,
+        port=options.port + index if options.port else 0,
+        kvstore_address=kvstore_address,
+    )
+
+
+def _start_kvstore(config: StackConfig, stack: LocalStack) -> str | None:
+    """The kvstore the workers use: the one given, one started here, or none."""
+    if not config.kvstore:
+        return config.kvstore_address
+    kvstore = KvStoreProcessConfig(
+        log_level=config.log_level,
+        log_json=config.log_json,
+        store=KvStoreConfig(cpu_bytes=config.kvstore_cpu_bytes, redis_url=config.kvstore_redis_url),
+    )
+    # The workers need its address on their command lines.
+    return stack.start("kvstore", "kvstore", "services.kvstore.main", kvstore).wait_bound()
+
+
+async def launch(config: StackConfig, stack: LocalStack) -> StackAddresses:
+    """Starts the tokenizer, the kvstore (if asked) and the workers; returns once all serve."""
+    resolved = resolve_model(config.model, config.model_cache_dir, progress=True)
+    served = config.served_model_name or resolved.served_name
+    config = replace(config, model=str(resolved.path), served_model_name=served)
+    stack.start("tokenizer", "tokenizer", "services.tokenizer.main", compose(
+        TokenizerServerConfig, (config, ModelFlags), (config, LoggingFlags)))  # fmt: skip
+    kvstore_address = _start_kvstore(config, stack)
+    config = with_default_groups(config, usable_cores())
+    topology = config.mode
+    # (name prefix, role, how many, options): colocated workers take the decode options.
+    launches = [
+        ("pd", Role.BOTH, topology.colocated, config.decode),
+        ("prefill", Role.PREFILL, topology.prefill, config.prefill),
+        ("decode", Role.DECODE, topology.decode, config.decode),
+    ]
+    for prefix, role, count, options in launches:
+        for i in range(count):
+            worker = worker_config(config, role, options, i, kvstore_address)
+            stack.start(f"{prefix}-{i}", role.value, "services.worker.main", worker)
+    print(
+        f"cleave: starting a local {topology.name} stack with {served} (logs in {stack.log_dir})",
+        file=sys.stderr,
+        flush=True,
+    )
+    await stack.wait_ready(config.startup_timeout_s)
+    workers = {role: stack.addresses(role) for role in ("prefill", "decode", "both")}
+    return StackAddresses(stack.addresses("tokenizer")[0], workers, served, kvstore_address)

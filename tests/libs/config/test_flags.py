@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, POSITIVE_INT
+from libs.config.errors import ConfigError
+from libs.config.flags import PATH, build_parser, compose, flag, group, parse, render
+from libs.config.groups import LoggingFlags, ModelFlags, RoleFlags, ServerFlags
+from libs.kvstore.server_config import KvStoreProcessConfig
+from libs.tokenization.server_config import TokenizerServerConfig
+from libs.worker.config import Role, WorkerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    size: int = flag(1 << 20, codec=BYTES)
+    cores: tuple[int, ...] = flag((), codec=DEVICE_GROUP)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer(ServerFlags):
+    name: str | None = flag(None)
+    verbose: bool = flag(False)
+    count: int = flag(3, codec=POSITIVE_INT)
+    pairs: tuple[tuple[str, str], ...] = flag((), codec=KEY_VALUES)
+    where: Path = flag(Path("/tmp"), codec=PATH)
+    first: Inner = group("first", factory=Inner)
+    second: Inner = group("second", factory=Inner)
+
+
+def test_defaults_parse_from_nothing_and_render_to_nothing() -> None:
+    assert parse(Outer, []) == Outer()
+    assert render(Outer()) == []
+
+
+def test_groups_are_prefixed_and_values_go_through_their_codecs() -> None:
+    config = parse(
+        Outer, ["--first-size", "2GiB", "--second-cores", "0..2", "--pairs", "a:1 b:2", "--verbose"]
+    )
+    assert config.first.size == 2 << 30 and config.second.cores == (0, 1, 2)
+    assert config.second.size == 1 << 20 and config.first.cores == ()
+    assert config.pairs == (("a", "1"), ("b", "2")) and config.verbose
+
+
+def test_render_round_trips_every_kind_of_value() -> None:
+    config = Outer(
+        host="0.0.0.0", port=7, name="x y", verbose=True, count=9, pairs=(("k", "v"),), where=Path("/a b"),
+        first=Inner(size=1536 << 20, cores=(0, 2, 3)), second=Inner(size=1000),
+    )  # fmt: skip
+    argv = render(config)
+    assert "--first-size" in argv and argv[argv.index("--first-size") + 1] == "1536MiB"
+    assert parse(Outer, argv) == config
+
+
+def test_a_bad_value_names_its_flag() -> None:
+    with pytest.raises(ConfigError, match=r"--second-size: got 'lots'"):
+        parse(Outer, ["--second-size", "lots"])
+    with pytest.raises(ConfigError, match="--count"):
+        parse(Outer, ["--count", "0"])
+
+
+def test_unknown_flags_are_refused_by_argparse() -> None:
+    with pytest.raises(SystemExit):
+        parse(Outer, ["--no-such-flag", "1"])
+
+
+def test_help_shows_defaults() -> None:
+    text = build_parser(Outer).format_help()
+    assert "--first-size" in text and "default: 1MiB" in text
+
+
+@pytest.mark.parametrize(
+    ("cls", "argv"),
+    [
+        (WorkerConfig, ["--role", "decode", "--device-group", "1", "--kv-cache-bytes", "2GiB",
+                        "--speculative-config", '{"method": "ngram"}', "--kvstore-address", "h:1", "--kv-port", "9"]),
+        (WorkerConfig, ["--role", "prefill", "--override-qaic-config", "a:1", "--device", "qaic", "--log-json"]),
+        (TokenizerServerConfig, ["--model", "/m", "--max-model-len", "8192", "--port-file", "/tmp/p"]),
+        (KvStoreProcessConfig, ["--cpu-bytes", "512MiB", "--disk-dir", "/tmp/kv", "--redis-url", "redis://h:1"]),
+    ],
+)  # fmt: skip
+def test_every_service_config_round_trips(cls: type, argv: list[str]) -> None:
+    config: object = parse(cls, argv)
+    assert parse(cls, render(config)) == config
+
+
+def test_compose_takes_only_the_named_groups() -> None:
+    role = RoleFlags(max_num_seqs=2, kv_cache_bytes=1 << 30)
+    worker = compose(
+        WorkerConfig, (role, RoleFlags), (ModelFlags(max_model_len=4096), ModelFlags), role=Role.DECODE
+    )
+    assert (worker.max_num_seqs, worker.kv_cache_bytes, worker.max_model_len) == (2, 1 << 30, 4096)
+    assert worker.port == 0  # the gateway's own port never leaks into a child
+    with pytest.raises(TypeError, match="does not include"):
+        compose(TokenizerServerConfig, (role, RoleFlags))
+    with pytest.raises(TypeError, match="no fields"):
+        compose(TokenizerServerConfig, (LoggingFlags(), LoggingFlags), role=Role.DECODE)

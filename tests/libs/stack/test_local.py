@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from libs.config.flags import parse, render
+from libs.stack.config import StackConfig
+from libs.stack.local import split_cores, with_default_groups, worker_config
+from libs.worker.config import Role, WorkerConfig
+
+
+def test_role_flags_reach_that_roles_workers_only() -> None:
+    config = parse(
+        StackConfig,
+        ["--prefill-kv-cache-bytes", "512MiB", "--decode-kv-cache-bytes", "2GiB", "--decode-max-num-seqs", "16",
+         "--decode-port", "9800", "--max-model-len", "4096", "--dtype", "float32", "--log-level", "debug",
+         "--decode-speculative-config", '{"method": "ngram"}'],
+    )  # fmt: skip
+    prefill = worker_config(config, Role.PREFILL, config.prefill, 0, None)
+    decode = worker_config(config, Role.DECODE, config.decode, 1, "127.0.0.1:7700")
+    assert (prefill.kv_cache_bytes, decode.kv_cache_bytes) == (512 << 20, 2 << 30)
+    assert (prefill.max_num_seqs, decode.max_num_seqs) == (8, 16)
+    assert (prefill.port, decode.port) == (0, 9801)  # --decode-port is the first decode worker's
+    assert prefill.speculative_config is None and decode.speculative_config == '{"method": "ngram"}'
+    assert decode.kvstore_address == "127.0.0.1:7700" and prefill.kvstore_address is None
+    assert {w.max_model_len for w in (prefill, decode)} == {4096}
+    assert {w.dtype for w in (prefill, decode)} == {"float32"}
+    # What the child process is started with parses back to the same config.
+    argv = render(decode)
+    assert argv[argv.index("--kv-cache-bytes") + 1] == "2GiB"
+    assert parse(WorkerConfig, argv) == decode
+
+
+def test_default_groups_split_the_usable_cores() -> None:
+    assert split_cores((3, 2, 1, 0)) == ((0, 1), (2, 3))
+    assert split_cores((5,)) == ((), ())
+    config = with_default_groups(parse(StackConfig, []), (0, 1))
+    assert (config.prefill.device_group, config.decode.device_group) == ((0,), (1,))
+    colocated = with_default_groups(parse(StackConfig, ["--mode", "pd"]), (0, 1))
+    assert colocated.decode.device_group == ()
+    given = with_default_groups(parse(StackConfig, ["--decode-device-group", "1"]), (0, 1))
+    assert given.prefill.device_group == ()
