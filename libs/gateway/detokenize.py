@@ -1,5 +1,9 @@
 """One DetokenizeStream per generated sequence: token ids in, text deltas out, stop strings
-detected by the tokenizer service across token boundaries."""
+detected by the tokenizer service across token boundaries.
+
+Failures of the stream are the tokenizer's (or, when it refuses the request, the client's) and
+surface as `errors.ApiError`, never as a gRPC error the pipeline would blame on the worker.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,12 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import grpc
 import grpc.aio
 
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from libs.gateway import errors
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,17 @@ class SequenceDetokenizer:
         return await self._read()
 
     async def _read(self) -> DetokenizedText:
-        response = await self._call.read()
+        try:
+            response = await self._call.read()
+        except grpc.aio.AioRpcError as error:
+            self.done = True
+            if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                # Refused at `start`: the client's stop strings or prompt.
+                raise errors.invalid(error.details() or "the tokenizer refused the request") from error
+            raise errors.tokenizer_unavailable(f"detokenize stream failed: {error.code().name}") from error
         if response is grpc.aio.EOF:
             self.done = True
-            raise RuntimeError("detokenizer stream ended without a complete message")
+            raise errors.tokenizer_unavailable("detokenize stream ended without a complete message")
         kind = response.WhichOneof("kind")
         if kind == "delta":
             return DetokenizedText(response.delta.text)
@@ -72,7 +85,10 @@ class SequenceDetokenizer:
         self._requests.put_nowait(None)
         if kind == "complete":
             return DetokenizedText(response.complete.text, stopped=response.complete.stopped, complete=True)
-        raise RuntimeError(f"detokenizer error: {response.error.message}")
+        # Refused mid-stream: the output tokens, which came from the engine, not the client.
+        raise errors.ApiError(
+            500, f"tokenizer error: {response.error.message}", type_="server_error", code="tokenizer_error"
+        )
 
     def close(self) -> None:
         self._requests.put_nowait(None)

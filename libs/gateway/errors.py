@@ -65,3 +65,10 @@ def no_workers(role: str) -> ApiError:
 
 def overloaded() -> ApiError:
     return ApiError(429, "the server is overloaded; retry later", type_="rate_limit_error", code="overloaded")
+
+
+def tokenizer_unavailable(detail: str) -> ApiError:
+    """The tokenizer service failed: its fault alone, never a worker's."""
+    return ApiError(
+        503, f"tokenizer unavailable: {detail}", type_="service_unavailable", code="tokenizer_unavailable"
+    )

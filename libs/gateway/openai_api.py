@@ -2,13 +2,26 @@
 
 Unknown fields are refused (extra="forbid") rather than silently ignored; fields the API
 has but Cleave does not implement yet are refused with a clear message in `unsupported_fields`.
+Ranges are checked here, at the edge, as vLLM's OpenAI server checks them: a value that
+passes is one the workers' contract can carry (seed in int64, token ids in int32) and the
+engine accepts, so no client mistake ever reaches a worker as a server error.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+INT32_MAX = 2**31 - 1
+# vLLM's OpenAI server accepts any seed torch's generators take: a signed 64-bit integer.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# Stop strings are matched on every generated token by the shared tokenizer service: bounded
+# so that one request cannot slow every other stream. (OpenAI's own API allows 4.)
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -43,15 +56,19 @@ class _SamplingFields(_Strict):
     model: str
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: int | None = None
+    # -1 and 0 both mean "disabled", as in vLLM.
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: Annotated[FiniteFloat, Field(gt=0)] | None = None
+    # Token id (as a string, as in OpenAI's API) -> bias; vLLM clamps biases to [-100, 100].
+    # Keys are checked as token ids when mapped (requests.py) and against the vocabulary
+    # once it is known (pipeline.py).
+    logit_bias: dict[str, FiniteFloat] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -61,6 +78,21 @@ class _SamplingFields(_Strict):
     tool_choice: Any = None
     functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        for stop in stops:
+            if not stop:
+                raise ValueError("stop strings must not be empty")
+            if len(stop) > MAX_STOP_STRING_CHARS:
+                raise ValueError(
+                    f"a stop string has at most {MAX_STOP_STRING_CHARS} characters, got {len(stop)}"
+                )
+        return value
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -96,6 +128,19 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _token_ids_fit(
+        cls, value: str | list[str] | list[int] | list[list[int]]
+    ) -> str | list[str] | list[int] | list[list[int]]:
+        # Ranges against the vocabulary are checked once it is known (libs/gateway/pipeline.py);
+        # this keeps ids inside what the contract's int32 fields carry.
+        for item in value if isinstance(value, list) else []:
+            for token_id in item if isinstance(item, list) else [item]:
+                if isinstance(token_id, int) and not 0 <= token_id <= INT32_MAX:
+                    raise ValueError(f"token ids are 0 or more and below 2**31, got {token_id}")
+        return value
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
         found = super().unsupported_fields()

@@ -5,6 +5,11 @@ Colocated (`both`) workers skip the prefill hop, and so do prompts the kvstore h
 but a short tail of (the decode worker loads the prefix itself). Cancellation (the client went away) cancels
 the gRPC calls, which makes each worker abort the request and free its KV; a handoff whose
 decode never started is released through a decode worker.
+
+Fault attribution: a request a worker refuses as invalid (INVALID_ARGUMENT) is the client's
+mistake, answered 400 with the worker's message; it is never retried and never ejects the
+worker. Only the worker's own failures (unreachable, engine unavailable) eject it. Failures of
+the tokenizer's stream are the tokenizer's (libs/gateway/detokenize.py) and eject nobody.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ from libs.gateway.routing import RoutingPolicy
 
 log = structlog.get_logger(__name__)
 
-# Prefill failures that another worker may not have (the worker is down or restarting).
+# Prefill failures that another worker may not have; only the first also ejects the worker
+# (unreachable, or its engine is not running). INTERNAL is a bug that may be this request's
+# alone, DEADLINE_EXCEEDED may be a busy machine: the stats poller judges those workers.
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL}
+_EJECTING = {grpc.StatusCode.UNAVAILABLE}
 _FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",
@@ -99,6 +107,9 @@ class Pipeline:
         self._skip_prefill_max_tail = skip_prefill_max_tail
 
     async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        vocab_size = self._pool.vocab_size()
+        if vocab_size is not None:
+            check_vocabulary(spec, vocab_size)
         decoders = self._pool.healthy("decode")
         if not decoders:
             colocated = self._pool.healthy("both")
@@ -157,7 +168,8 @@ class Pipeline:
                     response = await endpoint.stub.Prefill(request, timeout=self._timeout)
             except grpc.aio.AioRpcError as error:
                 if error.code() in _RETRYABLE:
-                    self._pool.eject(endpoint, f"prefill failed: {error.code().name}")
+                    if error.code() in _EJECTING:
+                        self._pool.eject(endpoint, f"prefill failed: {error.code().name}")
                     metrics.RETRIES.labels("prefill").inc()
                     log.warning(
                         "prefill failed; retrying elsewhere", address=endpoint.address, attempt=attempt
@@ -201,6 +213,9 @@ class Pipeline:
             async for response in call:
                 kind = response.WhichOneof("kind")
                 if kind == "error":
+                    if response.error.code == common_pb2.ERROR_CODE_OVERLOADED:
+                        # The worker's own failure (its engine stopped), as UNAVAILABLE below.
+                        self._pool.eject(endpoint, "generate failed: engine unavailable")
                     raise MidStreamError(response.error.message) if emitted else _worker_error(response.error)
                 if kind == "complete":
                     usage = response.complete.usage
@@ -228,8 +243,8 @@ class Pipeline:
                         return
             raise MidStreamError("the decode worker closed the stream without completing")
         except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                self._pool.eject(endpoint, "generate failed: UNAVAILABLE")
+            if error.code() in _EJECTING:
+                self._pool.eject(endpoint, f"generate failed: {error.code().name}")
             if emitted:
                 raise MidStreamError(f"decode worker failed mid-stream: {error.code().name}") from error
             if error.code() == grpc.StatusCode.ABORTED and handoff is not None:
@@ -251,6 +266,23 @@ class Pipeline:
             )
         except grpc.aio.AioRpcError as error:
             log.warning("could not release prefill KV; its lease will expire", code=error.code().name)
+
+
+def check_vocabulary(spec: GenerationSpec, vocab_size: int) -> None:
+    """Token ids the client chose (a prompt of ids, logit_bias keys, stop token ids) must be
+    in the workers' vocabulary; refused here before any worker spends time on them."""
+    fields = [
+        ("prompt", spec.prompt_token_ids),
+        ("logit_bias", sorted(spec.sampling.logit_bias)),
+        ("stop_token_ids", list(spec.sampling.stop_token_ids)),
+    ]
+    for param, ids in fields:
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
+            raise errors.invalid(
+                f"{param} has {len(bad)} token id(s) outside the vocabulary [0, {vocab_size}): {shown}", param
+            )
 
 
 def _api_error(error: grpc.aio.AioRpcError) -> errors.ApiError:

@@ -1,9 +1,12 @@
-"""Worker endpoints with health: polled stats, ejection on failure, reinstatement on recovery."""
+"""Worker endpoints with health: polled stats, ejection on failure, reinstatement on recovery.
+
+Only the worker's own failures eject it (its process unreachable, its engine unavailable);
+a request it refuses as invalid is the client's mistake and never does (libs/gateway/pipeline.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,8 +29,9 @@ class Endpoint:
     stats: worker_pb2.WorkerStats = field(default_factory=worker_pb2.WorkerStats)
     # Requests this gateway has in flight on the endpoint (fresher than polled stats).
     in_flight: int = 0
-    ejected_at: float | None = None
     poll_failures: int = 0
+    # What the worker serves (vocabulary, context), asked once it first answers a poll.
+    info: worker_pb2.WorkerInfo | None = None
 
 
 class WorkerPool:
@@ -51,12 +55,17 @@ class WorkerPool:
     def healthy(self, role: str) -> list[Endpoint]:
         return [e for e in self.endpoints if e.role == role and e.healthy]
 
+    def vocab_size(self) -> int | None:
+        """The smallest vocabulary the workers reported (token ids below it are valid on
+        every worker), or None while no worker has said."""
+        sizes = [e.info.vocab_size for e in self.endpoints if e.info is not None and e.info.vocab_size > 0]
+        return min(sizes) if sizes else None
+
     def eject(self, endpoint: Endpoint, reason: str) -> None:
         """Stops routing to an endpoint at once; the poller reinstates it when it answers again."""
         if endpoint.healthy:
             log.warning("worker ejected", address=endpoint.address, role=endpoint.role, reason=reason)
         endpoint.healthy = False
-        endpoint.ejected_at = time.monotonic()
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(e) for e in self.endpoints))
@@ -77,10 +86,20 @@ class WorkerPool:
                 self.eject(endpoint, f"stats poll failed {endpoint.poll_failures}x: {error.code().name}")
             return
         endpoint.poll_failures = 0
+        if endpoint.info is None:
+            await self._fetch_info(endpoint)
         if not endpoint.healthy:
             log.info("worker healthy", address=endpoint.address, role=endpoint.role)
         endpoint.healthy = True
-        endpoint.ejected_at = None
+
+    async def _fetch_info(self, endpoint: Endpoint) -> None:
+        try:
+            endpoint.info = await endpoint.stub.GetInfo(
+                worker_pb2.GetInfoRequest(), timeout=self._poll_timeout_s
+            )
+        except grpc.aio.AioRpcError as error:
+            # Only an edge check depends on it (the worker checks again): asked at the next poll.
+            log.debug("worker info not available yet", address=endpoint.address, code=error.code().name)
 
     async def start(self) -> None:
         await self.poll_once()

@@ -14,6 +14,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
+from libs.rpc.errors import FailedPrecondition
 from libs.worker import metrics
 from libs.worker.config import Role, WorkerConfig
 from libs.worker.engine import Engine, EngineStep, TokenLogprob
@@ -21,7 +22,7 @@ from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import PREFILL_PARAMS, handoff_from_params, params_from_handoff
 from libs.worker.layout import check_layout, kv_layout
 from libs.worker.sampling import sampling_kwargs
-from libs.worker.validation import resolve_max_tokens, validate_prompt
+from libs.worker.validation import resolve_max_tokens, validate_prompt, validate_token_fields
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,7 @@ _ROLES = {
 }
 
 
-class WrongRole(RuntimeError):
+class WrongRole(FailedPrecondition):
     """The call needs a role this worker does not have (gRPC FAILED_PRECONDITION)."""
 
 
@@ -81,7 +82,7 @@ class WorkerService:
             raise WrongRole(f"Prefill needs a prefill worker; this one is {self._config.role.value}")
         request_id = request.metadata.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_token_ids)
-        self._validate(request.metadata, prompt)
+        self._validate(request.metadata, prompt, request.sampling)
         # The prefill computes the prompt and samples one token; decode produces the output.
         sampling = sampling_kwargs(request.sampling, max_tokens=1)
         sampling["n"] = 1
@@ -127,7 +128,7 @@ class WorkerService:
             raise WrongRole("Generate needs a decode or both worker; this one is prefill")
         request_id = request.metadata.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_token_ids)
-        self._validate(request.metadata, prompt)
+        self._validate(request.metadata, prompt, request.sampling)
         max_tokens = resolve_max_tokens(
             request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None,
             prompt_len=len(prompt),
@@ -166,7 +167,7 @@ class WorkerService:
     def _decode_kv_params(self, request: worker_pb2.GenerateRequest) -> dict[str, Any] | None:
         if not request.HasField("handoff"):
             if self._config.role is Role.DECODE:
-                # Not an error (the gateway may choose it), but never silent: field note 4.
+                # Not an error (the gateway may choose it), but never silent: counted and logged.
                 metrics.LOCAL_PREFILLS.inc()
                 log.info("no KV handoff: computing the prompt on the decode worker")
             return None
@@ -196,7 +197,10 @@ class WorkerService:
     async def release_kv(self, request: worker_pb2.ReleaseKvRequest) -> None:
         if self._config.role is not Role.DECODE:
             raise WrongRole("ReleaseKv is served by decode workers (they own the KV connector's channel)")
-        params = params_from_handoff(request.handoff)
+        try:
+            params = params_from_handoff(request.handoff)
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from error
         await self._engine.release_handoff(request.request_id or uuid.uuid4().hex, params)
 
     def _live_leases(self) -> int:
@@ -244,13 +248,16 @@ class WorkerService:
         )
 
     # -- helpers -----------------------------------------------------------------------------
-    def _validate(self, metadata: common_pb2.RequestMetadata, prompt: list[int]) -> None:
+    def _validate(
+        self, metadata: common_pb2.RequestMetadata, prompt: list[int], sampling: common_pb2.SamplingParams
+    ) -> None:
         info = self._engine.info
         if metadata.model and metadata.model != self._config.served_model_name:
             raise InvalidRequest(
                 f"model {metadata.model!r} is not served here; this worker serves {self._config.served_model_name!r}"
             )
         validate_prompt(prompt, vocab_size=info.vocab_size, max_model_len=info.max_model_len)
+        validate_token_fields(sampling, vocab_size=info.vocab_size)
 
     async def _run(
         self, request_id: str, prompt: list[int], sampling: dict[str, Any], kv_params: dict[str, Any] | None

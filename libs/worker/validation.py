@@ -1,10 +1,24 @@
-"""Checks on a prompt before it reaches the engine, with messages that say what is wrong."""
+"""Checks on a request before it reaches the engine, with messages that say what is wrong.
+
+Whatever can be checked here is: an engine that rejects a request fails it as a client
+mistake too (libs/worker/vllm_engine.py), but only after it has been queued, and its
+messages name vLLM's fields rather than the API's.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from cleave.common.v1 import common_pb2
 from libs.worker.errors import InvalidRequest
+
+
+def _out_of_vocabulary(token_ids: Iterable[int], vocab_size: int) -> list[int]:
+    return [t for t in token_ids if t < 0 or t >= vocab_size]
+
+
+def _shown(ids: Sequence[int]) -> str:
+    return ", ".join(str(t) for t in ids[:5]) + (" ..." if len(ids) > 5 else "")
 
 
 def validate_prompt(token_ids: Sequence[int], *, vocab_size: int, max_model_len: int) -> None:
@@ -15,10 +29,25 @@ def validate_prompt(token_ids: Sequence[int], *, vocab_size: int, max_model_len:
             f"prompt has {len(token_ids)} tokens; this model's context is {max_model_len} tokens "
             "and at least one must remain for the output"
         )
-    bad = [t for t in token_ids if t < 0 or t >= vocab_size]
+    bad = _out_of_vocabulary(token_ids, vocab_size)
     if bad:
-        shown = ", ".join(str(t) for t in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        raise InvalidRequest(f"{len(bad)} token id(s) outside the vocabulary [0, {vocab_size}): {shown}")
+        raise InvalidRequest(
+            f"{len(bad)} token id(s) outside the vocabulary [0, {vocab_size}): {_shown(bad)}"
+        )
+
+
+def validate_token_fields(sampling: common_pb2.SamplingParams, *, vocab_size: int) -> None:
+    """Token ids inside the sampling parameters index the logits: one past the vocabulary
+    is a request vLLM refuses (or, in older versions, an index error in the engine)."""
+    for name, ids in (
+        ("logit_bias", sorted(sampling.logit_bias)),
+        ("stop_token_ids", sampling.stop_token_ids),
+    ):
+        bad = _out_of_vocabulary(ids, vocab_size)
+        if bad:
+            raise InvalidRequest(
+                f"{name} has {len(bad)} token id(s) outside the vocabulary [0, {vocab_size}): {_shown(bad)}"
+            )
 
 
 def resolve_max_tokens(requested: int | None, *, prompt_len: int, max_model_len: int) -> int:

@@ -9,9 +9,11 @@ from typing import Any
 import structlog
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from libs.kvconnector.vllm_connector import register as register_kvstore_connector
 from libs.kvlayout.from_vllm import engine_kv_facts
@@ -23,7 +25,7 @@ from libs.worker.engine import (
     TokenLogprob,
     TopLogprob,
 )
-from libs.worker.errors import InvalidRequest
+from libs.worker.errors import EngineUnavailable, InvalidRequest
 from libs.worker.vllm_stats import CapturingStatLogger
 
 log = structlog.get_logger(__name__)
@@ -59,15 +61,23 @@ class VllmEngine:
         kv_transfer_params: dict[str, Any] | None = None,
     ) -> AsyncIterator[EngineStep]:
         extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        # vLLM's request checks raise VLLMClientError (VLLMValidationError), which is not a
+        # ValueError; SamplingParams itself may still raise ValueError/TypeError. All of them
+        # are the client's mistake, never the worker's.
         try:
             params = SamplingParams(output_kind=RequestOutputKind.DELTA, extra_args=extra_args, **sampling)
-        except ValueError as error:  # vLLM's own parameter checks
+        except (ValueError, TypeError, VLLMClientError) as error:
             raise InvalidRequest(str(error)) from error
         first = True
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
-        async for output in self._engine.generate(prompt, params, request_id):
-            yield _to_step(output, include_prompt_logprobs=first)
-            first = False
+        try:
+            async for output in self._engine.generate(prompt, params, request_id):
+                yield _to_step(output, include_prompt_logprobs=first)
+                first = False
+        except VLLMClientError as error:  # input processing refused the request
+            raise InvalidRequest(str(error)) from error
+        except EngineDeadError as error:
+            raise EngineUnavailable("the engine died; this worker cannot serve until restarted") from error
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)

@@ -3,7 +3,8 @@
 KvStore's methods block (disk reads, Redis round trips), so each runs via asyncio.to_thread
 and the event loop keeps streaming other calls. Bad chunks are counted in PutResponse, not
 errors: a Put stream never dies halfway because one chunk was corrupt. Malformed requests
-(a key that is not a key, no layout for Lookup) end the call with INVALID_ARGUMENT.
+(a key that is not a key, no layout for Lookup) end the call with INVALID_ARGUMENT, through
+libs.rpc.errors like every Cleave servicer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import TypeVar
 
 import grpc
 import grpc.aio
-import structlog
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -23,13 +23,14 @@ from libs.kvstore.identity import InvalidKey
 from libs.kvstore.metrics import Tier
 from libs.kvstore.store import KvStore, PutOutcome, StoreStats
 from libs.observability.logging import bind_request_id
+from libs.rpc import errors
+from libs.rpc.errors import InvalidRequest
 from libs.rpc.server import ServiceBinding
 
-log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KvStore"].full_name
-INTERNAL_MESSAGE = "internal error in the kvstore service"
+SERVICE = "kvstore"
 TIER_TO_PB = {
     Tier.CPU: kvstore_pb2.TIER_CPU,
     Tier.DISK: kvstore_pb2.TIER_DISK,
@@ -51,13 +52,12 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
 
     async def _call(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], T]) -> T:
         try:
-            return await asyncio.to_thread(call)
-        except InvalidKey as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        except Exception:
-            log.exception("kvstore rpc failed", method=method)
-            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
-        raise AssertionError("context.abort returned")  # it raises; this keeps mypy honest
+            try:
+                return await asyncio.to_thread(call)
+            except InvalidKey as error:  # the store's word for a malformed request
+                raise InvalidRequest(str(error)) from error
+        except Exception as error:
+            await errors.abort(context, error, service=SERVICE, method=method)
 
     async def Put(
         self, request_iterator: AsyncIterator[kvstore_pb2.PutRequest], context: grpc.aio.ServicerContext
@@ -115,7 +115,12 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
     ) -> kvstore_pb2.LookupResponse:
         _bind(request.metadata)
         if not request.HasField("layout"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "layout is required: keys depend on it")
+            await errors.abort(
+                context,
+                InvalidRequest("layout is required: keys depend on it"),
+                service=SERVICE,
+                method="Lookup",
+            )
         result = await self._call(
             "Lookup", context, lambda: self._store.lookup(request.token_ids, request.layout)
         )

@@ -1,4 +1,5 @@
-"""gRPC adapter of the tokenizer: messages in and out, bad input -> INVALID_ARGUMENT.
+"""gRPC adapter of the tokenizer: messages in and out, errors -> status codes through
+libs.rpc.errors (bad input -> INVALID_ARGUMENT, a bug -> INTERNAL with a fixed message).
 
 Tokenizing runs inline on the event loop: the Rust tokenizer takes microseconds per token,
 and HF fast tokenizers are not safe to call from several threads at once ("Already
@@ -17,17 +18,20 @@ import structlog
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.observability.logging import bind_request_id
+from libs.rpc import errors
+from libs.rpc.errors import FailedPrecondition, InvalidRequest
 from libs.rpc.server import ServiceBinding
 from libs.tokenization import ChatMessage, Tokenizer
-from services.tokenizer.stream import DetokenizeSession, InvalidRequest, check_token_ids
+from services.tokenizer.stream import DetokenizeSession, check_token_ids
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
+SERVICE = "tokenizer"
 IMAGE_NOT_SUPPORTED = "image input needs an encoder; not supported yet"
 # What a client sees for a bug on our side; the details go to the log, never to the client.
-INTERNAL_MESSAGE = "internal error in the tokenizer service"
+INTERNAL_MESSAGE = errors.internal_message(SERVICE)
 
 
 def _bind(metadata: common_pb2.RequestMetadata) -> None:
@@ -57,10 +61,6 @@ def chat_messages(messages: Sequence[tokenizer_pb2.ChatMessage]) -> list[ChatMes
     return converted
 
 
-def stream_error(code: common_pb2.ErrorCode, message: str) -> tokenizer_pb2.DetokenizeStreamResponse:
-    return tokenizer_pb2.DetokenizeStreamResponse(error=common_pb2.Error(code=code, message=message))
-
-
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     def __init__(self, tokenizer: Tokenizer, *, model: str, max_model_len: int) -> None:
         self._tokenizer = tokenizer
@@ -70,26 +70,21 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     async def _unary(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], T]) -> T:
         try:
             return call()
-        except InvalidRequest as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        except Exception:
-            log.exception("tokenizer rpc failed", method=method)
-            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
-        raise AssertionError("context.abort returned")  # it raises; this keeps mypy honest
+        except Exception as error:
+            await errors.abort(context, error, service=SERVICE, method=method)
 
     async def RenderChat(
         self, request: tokenizer_pb2.RenderChatRequest, context: grpc.aio.ServicerContext
     ) -> tokenizer_pb2.RenderChatResponse:
         _bind(request.metadata)
-        if not self._tokenizer.has_chat_template:
-            # The server's setup, not the request, is at fault; say what still works.
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"model {self._model!r} has no chat template; send a plain prompt (Tokenize) instead",
-            )
         return await self._unary("RenderChat", context, lambda: self._render_chat(request))
 
     def _render_chat(self, request: tokenizer_pb2.RenderChatRequest) -> tokenizer_pb2.RenderChatResponse:
+        if not self._tokenizer.has_chat_template:
+            # The server's setup, not the request, is at fault; say what still works.
+            raise FailedPrecondition(
+                f"model {self._model!r} has no chat template; send a plain prompt (Tokenize) instead"
+            )
         if request.continue_final_message:
             # libs.tokenization.render_chat has no continue_final_message yet; refusing beats
             # silently opening a new assistant turn.
@@ -158,18 +153,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         the stream ends with the first `complete` or `error`."""
         requests = aiter(request_iterator)
         first = await anext(requests, None)
-        if first is None or first.WhichOneof("kind") != "start":
-            got = "nothing" if first is None else f"`{first.WhichOneof('kind')}`"
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"the first message must be `start`, got {got}"
-            )
-            return
-        _bind(first.start.metadata)
         try:
+            if first is None or first.WhichOneof("kind") != "start":
+                got = "nothing" if first is None else f"`{first.WhichOneof('kind')}`"
+                raise InvalidRequest(f"the first message must be `start`, got {got}")
+            _bind(first.start.metadata)
             session = DetokenizeSession(self._tokenizer, first.start)
-        except InvalidRequest as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-            return
+        except Exception as error:
+            await errors.abort(context, error, service=SERVICE, method="DetokenizeStream")
         async for message in _finish_at_end(requests):
             kind = message.WhichOneof("kind")
             try:
@@ -179,12 +170,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                     response = session.finish()
                 else:
                     raise InvalidRequest(f"expected `tokens` or `finish`, got {kind or 'an empty message'}")
-            except InvalidRequest as error:
-                yield stream_error(common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(error))
-                return
-            except Exception:
-                log.exception("detokenize stream failed", num_tokens=session.num_tokens)
-                yield stream_error(common_pb2.ERROR_CODE_INTERNAL, INTERNAL_MESSAGE)
+            except Exception as error:
+                error_message = errors.stream_error(error, service=SERVICE, method="DetokenizeStream")
+                yield tokenizer_pb2.DetokenizeStreamResponse(error=error_message)
                 return
             yield response
             if session.done:

@@ -9,13 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cleave.tokenizer.v1 import tokenizer_pb2
+from libs.rpc.errors import InvalidRequest
 from libs.tokenization import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
 Response = tokenizer_pb2.DetokenizeStreamResponse
-
-
-class InvalidRequest(ValueError):
-    """The client sent something we refuse; the message is safe to show it."""
 
 
 def check_token_ids(token_ids: Sequence[int], vocab_size: int, field: str) -> None:

@@ -1,4 +1,5 @@
-"""gRPC adapter of the worker: messages in and out, library errors -> status codes."""
+"""gRPC adapter of the worker: messages in and out, library errors -> status codes through
+libs.rpc.errors (the same mapping as every Cleave servicer)."""
 
 from __future__ import annotations
 
@@ -10,28 +11,17 @@ import grpc
 import grpc.aio
 import structlog
 
-from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.rpc import errors
+from libs.rpc.server import ServiceBinding
 from libs.worker import metrics
-from libs.worker.errors import EngineUnavailable, InvalidRequest, KvTransferFailed
-from libs.worker.service import WorkerService, WrongRole
+from libs.worker.service import WorkerService
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-_STATUS: list[tuple[type[Exception], grpc.StatusCode, common_pb2.ErrorCode]] = [
-    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT, common_pb2.ERROR_CODE_INVALID_ARGUMENT),
-    (WrongRole, grpc.StatusCode.FAILED_PRECONDITION, common_pb2.ERROR_CODE_INVALID_ARGUMENT),
-    (EngineUnavailable, grpc.StatusCode.UNAVAILABLE, common_pb2.ERROR_CODE_OVERLOADED),
-    (KvTransferFailed, grpc.StatusCode.ABORTED, common_pb2.ERROR_CODE_KV_TRANSFER_FAILED),
-]
-
-
-def _classify(error: Exception) -> tuple[grpc.StatusCode, common_pb2.ErrorCode]:
-    for kind, status, code in _STATUS:
-        if isinstance(error, kind):
-            return status, code
-    return grpc.StatusCode.INTERNAL, common_pb2.ERROR_CODE_INTERNAL
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+SERVICE = "worker"
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -45,11 +35,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             result = await call()
         except Exception as error:
-            status, _code = _classify(error)
+            status = errors.classify(error, SERVICE).status
             metrics.REQUESTS.labels(method, status.name.lower()).inc()
-            if status is grpc.StatusCode.INTERNAL:
-                log.exception("worker rpc failed", method=method)
-            await context.abort(status, str(error) or type(error).__name__)
+            await errors.abort(context, error, service=SERVICE, method=method)
         metrics.REQUESTS.labels(method, "ok").inc()
         metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
         return result
@@ -68,17 +56,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 emitted = True
                 yield response
         except Exception as error:
-            status, code = _classify(error)
+            status = errors.classify(error, SERVICE).status
             metrics.REQUESTS.labels("Generate", status.name.lower()).inc()
-            if not emitted and status is not grpc.StatusCode.INTERNAL:
-                # Nothing streamed yet: a plain status lets callers retry elsewhere.
-                await context.abort(status, str(error))
-            log.exception("generate failed", emitted=emitted)
+            if not emitted:
+                # Nothing streamed yet: a plain status says whose fault it is (INVALID_ARGUMENT:
+                # the client's; UNAVAILABLE: this worker's) before the caller commits to it.
+                await errors.abort(context, error, service=SERVICE, method="Generate")
             # The stream's typed end: the contract promises complete-or-error.
             yield worker_pb2.GenerateResponse(
-                error=common_pb2.Error(
-                    code=code, message=str(error) or type(error).__name__, retryable=not emitted
-                )
+                error=errors.stream_error(error, service=SERVICE, method="Generate")
             )
             return
         metrics.REQUESTS.labels("Generate", "ok").inc()
@@ -114,3 +100,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerInfo:
         return self._service.info()
+
+
+def binding(servicer: WorkerServicer) -> ServiceBinding:
+    return ServiceBinding(SERVICE_NAME, servicer, worker_pb2_grpc.add_WorkerServicer_to_server)

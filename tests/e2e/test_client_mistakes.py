@@ -1,0 +1,105 @@
+"""A real 1p1d stack with SmolLM2: client mistakes never hurt other clients. Each kind of
+invalid request gets a 4xx with an OpenAI error object; right after all of them, a valid
+request succeeds and no worker was ejected (before fault attribution, one out-of-vocabulary
+`logit_bias` key made the prefill worker answer INTERNAL, the gateway ejected it, and valid
+requests got 503 until the next poll)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.harness import Service
+from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
+
+MAX_MODEL_LEN = 1024
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+    service, base_url = start_gateway_stack(
+        "1p1d", tmp_path_factory.mktemp("cache"), "--max-model-len", str(MAX_MODEL_LEN)
+    )
+    try:
+        yield service, base_url
+    finally:
+        stop_gateway_stack(service)
+
+
+def completion(**fields: Any) -> tuple[str, dict[str, Any]]:
+    return "/v1/completions", {"model": "smollm2", "prompt": "The quick brown fox", "max_tokens": 4, **fields}
+
+
+def chat(**fields: Any) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", {"model": "smollm2", "messages": QUESTION, "max_tokens": 4, **fields}
+
+
+# (what is wrong, path, body): every one must be refused, none may count against a worker.
+MISTAKES = [
+    ("logit_bias key outside the vocabulary", *completion(logit_bias={"99999": 10})),
+    ("logit_bias key that is not a token id", *chat(logit_bias={"fox": 10})),
+    ("seed beyond 64 bits", *completion(seed=2**70)),
+    ("negative max_tokens", *completion(max_tokens=-1)),
+    ("temperature above 2", *chat(temperature=5)),
+    ("unknown model", *chat(model="gpt-17")),
+    ("empty messages", *chat(messages=[])),
+    ("prompt token id outside the vocabulary", *completion(prompt=[5, 999_999])),
+    ("negative prompt token id", *completion(prompt=[-1, 5])),
+    ("context too long", *completion(prompt="fox " * 3 * MAX_MODEL_LEN)),
+    ("n of zero", *chat(n=0)),
+    ("stop of the wrong type", *completion(stop=5)),
+    ("an empty stop string", *completion(stop=[""])),
+    ("too many stop strings", *completion(stop=[f"s{i}" for i in range(40)])),
+    ("top_p of zero", *chat(top_p=0)),
+    ("top_k beyond 32 bits", *completion(top_k=2**40)),
+    ("too many logprobs", *completion(logprobs=50)),
+]
+
+
+@pytest.mark.parametrize(("mistake", "path", "body"), MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_each_client_mistake_is_a_4xx_openai_error(
+    stack: tuple[Service, str], mistake: str, path: str, body: dict[str, Any]
+) -> None:
+    _service, base_url = stack
+    response = httpx.post(f"{base_url}{path}", json=body, timeout=60)
+    assert 400 <= response.status_code < 500, f"{mistake}: {response.status_code} {response.text}"
+    error = response.json()["error"]
+    assert isinstance(error["message"], str) and error["message"], mistake
+    assert isinstance(error["type"], str) and error["type"], mistake
+    print(f"{mistake}: {response.status_code} {error['message']}")
+
+
+def test_a_body_that_is_not_json_is_a_4xx_openai_error(stack: tuple[Service, str]) -> None:
+    _service, base_url = stack
+    response = httpx.post(
+        f"{base_url}/v1/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert 400 <= response.status_code < 500
+    assert response.json()["error"]["message"]
+
+
+def test_after_every_mistake_a_valid_request_succeeds_and_no_worker_was_ejected(
+    stack: tuple[Service, str],
+) -> None:
+    _service, base_url = stack
+    # All the mistakes again, back to back, then at once a valid request: no poll in between
+    # could have reinstated an ejected worker.
+    for _mistake, path, body in MISTAKES:
+        assert httpx.post(f"{base_url}{path}", json=body, timeout=60).status_code < 500
+    response = httpx.post(
+        f"{base_url}/v1/chat/completions", json=chat(temperature=0, max_tokens=8)[1], timeout=120
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"]
+    health = httpx.get(f"{base_url}/health", timeout=10)
+    assert health.status_code == 200
+    workers = health.json()["workers"]
+    assert {w["role"] for w in workers} == {"prefill", "decode"}
+    assert all(w["healthy"] for w in workers), workers
