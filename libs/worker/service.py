@@ -22,6 +22,7 @@ from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import PREFILL_PARAMS, handoff_from_params, params_from_handoff
 from libs.worker.layout import check_layout, kv_layout
 from libs.worker.sampling import sampling_kwargs
+from libs.worker.speculative import spec_decode_stats
 from libs.worker.validation import resolve_max_tokens, validate_prompt, validate_token_fields
 
 log = structlog.get_logger(__name__)
@@ -71,6 +72,7 @@ class WorkerService:
         # Prefill side: request id -> lease expiry (unix seconds) of KV held for a decode.
         self._leases: dict[str, float] = {}
         self._active: set[str] = set()
+        self._requests_aborted = 0
 
     def set_address(self, address: str) -> None:
         """The gRPC address handoffs name for ReleaseKv/Abort (known once the server is bound)."""
@@ -192,6 +194,8 @@ class WorkerService:
     async def abort(self, request_id: str) -> bool:
         found = request_id in self._active or self._leases.pop(request_id, None) is not None
         await self._engine.abort(request_id)
+        # An active request's stream then ends finished (reason abort), so _run counts it not.
+        self._requests_aborted += found
         return found
 
     async def release_kv(self, request: worker_pb2.ReleaseKvRequest) -> None:
@@ -224,6 +228,8 @@ class WorkerService:
             prompt_tokens_computed=engine.prompt_tokens_computed,
             prompt_tokens_local_cache_hit=engine.prompt_tokens_local_cache_hit,
             requests_finished=engine.requests_finished,
+            requests_aborted=self._requests_aborted,
+            spec_decode=spec_decode_stats(engine.spec_decode),
             kvstore=_kvstore_stats(engine.kvstore),
             kv_pulls=worker_pb2.KvPullStats(
                 transfers=int(engine.kv_pulls.get("transfers", 0)),
@@ -275,6 +281,7 @@ class WorkerService:
             self._active.discard(request_id)
             if not finished:
                 # Cancelled or failed mid-way: free the engine's KV now, not at some timeout.
+                self._requests_aborted += 1
                 await asyncio.shield(self._engine.abort(request_id))
                 log.info("request aborted", request_id=request_id)
 

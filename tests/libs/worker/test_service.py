@@ -127,6 +127,7 @@ async def test_cancelled_stream_aborts_engine_request() -> None:
         await task
     assert engine.aborted == ["slow"]
     assert engine.running == set()
+    assert service.stats().requests_aborted == 1
 
 
 async def test_finished_request_is_not_aborted() -> None:
@@ -138,6 +139,7 @@ async def test_finished_request_is_not_aborted() -> None:
         ),
     )
     assert engine.aborted == []
+    assert service.stats().requests_aborted == 0
 
 
 @pytest.mark.parametrize(
@@ -180,6 +182,7 @@ async def test_abort_drops_lease_and_release_goes_through_decode() -> None:
     assert prefill.stats().num_leased == 0
     assert pengine.aborted == ["a"]
     assert await prefill.abort("unknown") is False
+    assert prefill.stats().requests_aborted == 1  # only the request it held
     decode, dengine = make(Role.DECODE)
     await decode.release_kv(worker_pb2.ReleaseKvRequest(request_id="a", handoff=response.handoff))
     assert dengine.released[0][0] == "a"
