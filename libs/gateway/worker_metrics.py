@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from libs.gateway.pool import WorkerPool
+from libs.gateway.pool import Endpoint, WorkerPool
 
 
 class WorkerStatsCollector(Collector):
@@ -37,3 +37,37 @@ class WorkerStatsCollector(Collector):
         for e in endpoints:
             loaded.add_metric([e.address, e.role], e.stats.kvstore.tokens_loaded)
         yield loaded
+        yield from _spec_decode(endpoints)
+
+
+def _spec_decode(endpoints: list[Endpoint]) -> Iterator[Metric]:
+    """Speculative decoding per worker that has drafted (--decode-speculative-config)."""
+    speculating = [e for e in endpoints if e.stats.spec_decode.drafts]
+    labels = ["worker", "role"]
+    counts = {
+        name: CounterMetricFamily(f"cleave_gateway_worker_spec_decode_{name}", text, labels=labels)
+        for name, text in (
+            ("drafts", "Draft proposals verified (one per sequence and step)"),
+            ("draft_tokens", "Tokens the drafter proposed"),
+            ("accepted_tokens", "Proposed tokens the target model accepted"),
+        )
+    }
+    rate = GaugeMetricFamily(
+        "cleave_gateway_worker_spec_decode_acceptance_rate",
+        "Accepted / drafted speculative tokens since the worker started, 0..1",
+        labels=labels,
+    )
+    length = GaugeMetricFamily(
+        "cleave_gateway_worker_spec_decode_mean_accepted_length",
+        "Tokens per verification step and sequence since the worker started: 1 + accepted / drafts",
+        labels=labels,
+    )
+    for e in speculating:
+        spec = e.stats.spec_decode
+        for name, family in counts.items():
+            family.add_metric([e.address, e.role], getattr(spec, name))
+        rate.add_metric([e.address, e.role], spec.acceptance_rate)
+        length.add_metric([e.address, e.role], spec.mean_accepted_length)
+    yield from counts.values()
+    yield rate
+    yield length

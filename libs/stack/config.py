@@ -12,6 +12,7 @@ from libs.config.flags import FLOAT, PATH, Codec, flag, group
 from libs.config.groups import DEFAULT_CACHE_DIR, EngineFlags, LoggingFlags, ModelFlags, RoleFlags
 from libs.config.values import check_disjoint
 from libs.stack.topology import Topology, parse_mode
+from libs.worker.speculative import parse_speculative_config
 
 MODE: Codec[Topology] = Codec(lambda _flag, text: parse_mode(text), lambda topology: topology.name)
 
@@ -61,6 +62,9 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags):
                 self.prefill.speculative_config,
                 "unset: only decode speculates",
             )
+        if self.decode.speculative_config:
+            # Checked here too, so a bad key stops the gateway before it starts any process.
+            parse_speculative_config(self.decode.speculative_config, "--decode-speculative-config")
         if self.kvstore and self.kvstore_address:
             raise ConfigError(
                 "--kvstore", True, "either --kvstore (start one) or --kvstore-address (use one), not both"

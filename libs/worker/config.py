@@ -17,6 +17,7 @@ from libs.config.groups import (
     RoleFlags,
     ServerFlags,
 )
+from libs.worker.speculative import SpeculativeSpec, parse_speculative_config
 
 
 class Role(enum.Enum):
@@ -71,6 +72,15 @@ class WorkerConfig(ServerFlags, LoggingFlags, ModelFlags, EngineFlags, RoleFlags
                 self.speculative_config,
                 "decode or both role (prefill emits one token)",
             )
+        if self.speculative_config:
+            parse_speculative_config(self.speculative_config)  # a bad key fails here, at start-up
+
+    @property
+    def speculative(self) -> SpeculativeSpec | None:
+        """`--speculative-config`, checked (a ConfigError naming the bad key)."""
+        if not self.speculative_config:
+            return None
+        return parse_speculative_config(self.speculative_config)
 
     @property
     def engine_kv_cache_dtype(self) -> str:

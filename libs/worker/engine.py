@@ -73,6 +73,8 @@ class EngineStats:
     kvstore: dict[str, float] = field(default_factory=dict)
     # Cumulative NIXL handoff reads (decode side): transfers, seconds, bytes, failures.
     kv_pulls: dict[str, float] = field(default_factory=dict)
+    # Cumulative speculative decoding counts: drafts, draft_tokens, accepted_tokens.
+    spec_decode: dict[str, int] = field(default_factory=dict)
 
 
 class Engine(Protocol):

@@ -7,10 +7,10 @@ applies `engine_environment()` before it imports vLLM.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from libs.worker.config import Device, Role, WorkerConfig
+from libs.worker.speculative import vllm_speculative_kwargs
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -48,6 +48,13 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
     if config.max_seq_len_to_capture is not None:
         kwargs["max_cudagraph_capture_size"] = config.max_seq_len_to_capture
     additional: dict[str, Any] = {}
+    speculative = config.speculative
+    if speculative is not None:
+        kwargs["speculative_config"] = vllm_speculative_kwargs(speculative)
+        if speculative.draft_override_qaic_config is not None:
+            # The draft's Cloud AI settings (its device_group too): vLLM runs the draft in
+            # this engine on the target's devices, so only the QAIC plugin can act on them.
+            additional["draft_override_qaic_config"] = dict(speculative.draft_override_qaic_config)
     if config.override_qaic_config:
         additional["override_qaic_config"] = dict(config.override_qaic_config)
     if config.device is Device.QAIC and config.device_group:
@@ -57,8 +64,6 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         # vLLM hands additional_config to the platform plugin; only the QAIC plugin acts on
         # these keys, the CPU and CUDA platforms ignore them.
         kwargs["additional_config"] = additional
-    if config.speculative_config:
-        kwargs["speculative_config"] = json.loads(config.speculative_config)
     connectors = []
     if config.role in _KV_ROLES:
         connectors.append(_nixl_connector(config))

@@ -34,3 +34,15 @@ KV_PULLS = Gauge(
     "Cumulative NIXL handoff reads by this decode worker: transfers, seconds, bytes, failures",
     ["counter"],
 )
+SPEC_DECODE = Gauge(
+    "cleave_worker_spec_decode",
+    "Cumulative speculative decoding counts: drafts, draft_tokens, accepted_tokens",
+    ["counter"],
+)
+SPEC_DECODE_ACCEPTANCE_RATE = Gauge(
+    "cleave_worker_spec_decode_acceptance_rate", "Accepted / drafted speculative tokens since start, 0..1"
+)
+SPEC_DECODE_MEAN_ACCEPTED_LENGTH = Gauge(
+    "cleave_worker_spec_decode_mean_accepted_length",
+    "Tokens per verification step and sequence since start: 1 + accepted / drafts",
+)

@@ -39,6 +39,7 @@ class CapturingStatLogger(StatLoggerBase):
             self.stats.num_running = scheduler_stats.num_running_reqs
             self.stats.num_waiting = scheduler_stats.num_waiting_reqs
             self.stats.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            self._add_spec_decode(getattr(scheduler_stats, "spec_decoding_stats", None))
         if iteration_stats is not None:
             sources = iteration_stats.prompt_token_stats
             self.stats.prompt_tokens_computed += sources.computed
@@ -71,6 +72,19 @@ class CapturingStatLogger(StatLoggerBase):
         pulls["seconds"] = pulls.get("seconds", 0.0) + float(sum(data["transfer_duration"]))
         pulls["bytes"] = pulls.get("bytes", 0) + int(sum(data.get("bytes_transferred", ())))
         pulls["failures"] = pulls.get("failures", 0) + len(data.get("num_failed_transfers", ()))
+
+    def _add_spec_decode(self, spec: Any) -> None:
+        """vLLM's SpecDecodingStats: one step's drafts and accepted tokens (None on a step
+        that verified no draft, or without speculative decoding)."""
+        if spec is None:
+            return
+        counts = self.stats.spec_decode
+        for name, value in (
+            ("drafts", spec.num_drafts),
+            ("draft_tokens", spec.num_draft_tokens),
+            ("accepted_tokens", spec.num_accepted_tokens),
+        ):
+            counts[name] = counts.get(name, 0) + int(value)
 
     def log_engine_initialized(self) -> None:
         pass

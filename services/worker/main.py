@@ -34,16 +34,22 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
 def resolved(config: WorkerConfig) -> WorkerConfig:
-    """`--model` as a folder, the served name filled in, a NIXL side-channel port chosen."""
+    """`--model` and a speculative draft model as folders, the served name filled in, a NIXL
+    side-channel port chosen."""
     model = resolve_model(config.model, config.model_cache_dir, progress=True)
     # NIXL's side channel is bound by vLLM itself, after the model loads, on a port it must
     # be told in advance: the one port Cleave cannot bind first (see libs/rpc/ports.py).
     kv_port = config.kv_port or (free_port() if config.transfers_kv else 0)
+    speculative = config.speculative
+    if speculative is not None and speculative.draft_model is not None:
+        draft = resolve_model(speculative.draft_model, config.model_cache_dir, progress=True)
+        speculative = speculative.with_draft_model(str(draft.path))
     return replace(
         config,
         model=str(model.path),
         served_model_name=config.served_model_name or model.served_name,
         kv_port=kv_port,
+        speculative_config=speculative.to_json() if speculative is not None else None,
     )
 
 

@@ -94,6 +94,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             metrics.KVSTORE_CONNECTOR.labels(field.name).set(value)
         for field, value in stats.kv_pulls.ListFields():
             metrics.KV_PULLS.labels(field.name).set(value)
+        spec = stats.spec_decode
+        for name in ("drafts", "draft_tokens", "accepted_tokens"):
+            metrics.SPEC_DECODE.labels(name).set(getattr(spec, name))
+        metrics.SPEC_DECODE_ACCEPTANCE_RATE.set(spec.acceptance_rate)
+        metrics.SPEC_DECODE_MEAN_ACCEPTED_LENGTH.set(spec.mean_accepted_length)
         return stats
 
     async def GetInfo(

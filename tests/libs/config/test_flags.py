@@ -76,7 +76,7 @@ def test_help_shows_defaults() -> None:
     ("cls", "argv"),
     [
         (WorkerConfig, ["--role", "decode", "--device-group", "1", "--kv-cache-bytes", "2GiB",
-                        "--speculative-config", '{"method": "ngram"}', "--kvstore-address", "h:1", "--kv-port", "9"]),
+                        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}', "--kvstore-address", "h:1", "--kv-port", "9"]),
         (WorkerConfig, ["--role", "prefill", "--override-qaic-config", "a:1", "--device", "qaic", "--log-json"]),
         (TokenizerServerConfig, ["--model", "/m", "--max-model-len", "8192", "--port-file", "/tmp/p"]),
         (KvStoreProcessConfig, ["--cpu-bytes", "512MiB", "--disk-dir", "/tmp/kv", "--redis-url", "redis://h:1"]),

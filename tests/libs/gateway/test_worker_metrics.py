@@ -39,3 +39,18 @@ def test_kv_pulls_scrape_as_a_summary_the_bench_can_difference() -> None:
     )
     assert mean.count == 3 and abs((mean.mean_ms or 0) - 20.0) < 1e-6
     assert 'cleave_gateway_worker_kvstore_tokens_loaded_total{role="prefill",worker="p:1"} 512.0' in after
+
+
+def test_spec_decode_of_speculating_workers_is_re_exported() -> None:
+    spec = worker_pb2.SpecDecodeStats(
+        drafts=4, draft_tokens=20, accepted_tokens=10, acceptance_rate=0.5, mean_accepted_length=3.5
+    )
+    decode = endpoint("d:1", "decode", worker_pb2.WorkerStats(spec_decode=spec))
+    prefill = endpoint("p:1", "prefill", worker_pb2.WorkerStats())
+    registry = CollectorRegistry()
+    registry.register(WorkerStatsCollector(FakePool([decode, prefill])))  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert 'cleave_gateway_worker_spec_decode_accepted_tokens_total{role="decode",worker="d:1"} 10.0' in text
+    assert 'cleave_gateway_worker_spec_decode_acceptance_rate{role="decode",worker="d:1"} 0.5' in text
+    assert 'cleave_gateway_worker_spec_decode_mean_accepted_length{role="decode",worker="d:1"} 3.5' in text
+    assert 'worker="p:1"' not in text.split("cleave_gateway_worker_spec_decode", 1)[1]

@@ -11,14 +11,15 @@ def test_role_flags_reach_that_roles_workers_only() -> None:
         StackConfig,
         ["--prefill-kv-cache-bytes", "512MiB", "--decode-kv-cache-bytes", "2GiB", "--decode-max-num-seqs", "16",
          "--decode-port", "9800", "--max-model-len", "4096", "--dtype", "float32", "--log-level", "debug",
-         "--decode-speculative-config", '{"method": "ngram"}'],
+         "--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'],
     )  # fmt: skip
     prefill = worker_config(config, Role.PREFILL, config.prefill, 0, None)
     decode = worker_config(config, Role.DECODE, config.decode, 1, "127.0.0.1:7700")
     assert (prefill.kv_cache_bytes, decode.kv_cache_bytes) == (512 << 20, 2 << 30)
     assert (prefill.max_num_seqs, decode.max_num_seqs) == (8, 16)
     assert (prefill.port, decode.port) == (0, 9801)  # --decode-port is the first decode worker's
-    assert prefill.speculative_config is None and decode.speculative_config == '{"method": "ngram"}'
+    assert prefill.speculative_config is None
+    assert decode.speculative_config == '{"method": "ngram", "num_speculative_tokens": 5}'
     assert decode.kvstore_address == "127.0.0.1:7700" and prefill.kvstore_address is None
     assert {w.max_model_len for w in (prefill, decode)} == {4096}
     assert {w.dtype for w in (prefill, decode)} == {"float32"}

@@ -58,6 +58,22 @@ def test_speculative_config_is_parsed_json() -> None:
     spec = {"method": "ngram", "num_speculative_tokens": 5}
     kwargs = engine_kwargs(config(role=Role.DECODE, speculative_config=json.dumps(spec)))
     assert kwargs["speculative_config"] == spec
+    assert "additional_config" not in kwargs
+
+
+def test_draft_model_form_reaches_vllm_translated_and_the_qaic_plugin_in_additional_config() -> None:
+    spec = {
+        "speculative_model": "/models/draft",
+        "num_speculative_tokens": 3,
+        "draft_override_qaic_config": {"device_group": [0], "num_cores": 6},
+    }
+    kwargs = engine_kwargs(config(role=Role.DECODE, speculative_config=json.dumps(spec)))
+    assert kwargs["speculative_config"] == {
+        "method": "draft_model",
+        "model": "/models/draft",
+        "num_speculative_tokens": 3,
+    }
+    assert kwargs["additional_config"] == {"draft_override_qaic_config": {"device_group": [0], "num_cores": 6}}
 
 
 def test_environment_pins_cpu_threads_and_side_channel() -> None:
@@ -82,6 +98,9 @@ def test_invalid_configs_fail_with_the_flag_name() -> None:
         config(kv_lease_s=2)
     with pytest.raises(ConfigError, match=r"--speculative-config.*decode or both"):
         config(role=Role.PREFILL, speculative_config="{}")
+    # Checked when the config is made (the worker's start-up), not when vLLM starts.
+    with pytest.raises(ConfigError, match=r"--speculative-config key 'num_cores'"):
+        config(role=Role.DECODE, speculative_config='{"method": "ngram", "num_speculative_tokens": 5, "num_cores": 6}')
 
 
 def test_a_kvstore_joins_nixl_through_multiconnector() -> None:

@@ -39,3 +39,14 @@ def test_steps_without_connector_stats_change_nothing() -> None:
     logger.record(scheduler_stats(None), None)
     logger.record(scheduler_stats({"SomeOtherConnector": {"x": [1]}}), None)
     assert logger.stats.kv_pulls == {} and logger.stats.kvstore == {}
+
+
+def test_spec_decode_counts_add_up_over_steps_that_verified_drafts() -> None:
+    logger = CapturingStatLogger(vllm_config=None)
+    step = scheduler_stats(None)
+    step.spec_decoding_stats = SimpleNamespace(num_drafts=2, num_draft_tokens=10, num_accepted_tokens=7)
+    logger.record(step, None)
+    logger.record(scheduler_stats(None), None)  # no spec_decoding_stats: a step without drafts
+    step.spec_decoding_stats = SimpleNamespace(num_drafts=1, num_draft_tokens=5, num_accepted_tokens=0)
+    logger.record(step, None)
+    assert logger.stats.spec_decode == {"drafts": 3, "draft_tokens": 15, "accepted_tokens": 7}

@@ -28,7 +28,7 @@ def test_defaults_launch_a_local_1p1d_stack() -> None:
 
 def test_qaic_disagg_flags_parse() -> None:
     config = parse_args(
-        [*QAIC_DISAGG, "--mode", "2p1d", "--decode-speculative-config", '{"method": "ngram"}']
+        [*QAIC_DISAGG, "--mode", "2p1d", "--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}']
     )
     assert config.prefill.device_group == tuple(range(16))
     assert config.decode.device_group == tuple(range(16, 24))
@@ -38,7 +38,7 @@ def test_qaic_disagg_flags_parse() -> None:
         ("split_retained_state_io", "True"),
         ("mxfp6_matmul", "True"),
     )
-    assert config.decode.speculative_config == '{"method": "ngram"}'
+    assert config.decode.speculative_config == '{"method": "ngram", "num_speculative_tokens": 5}'
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_kvstore_flags_start_one_or_use_one() -> None:
 
 def test_only_decode_speculates() -> None:
     with pytest.raises(ConfigError, match="--prefill-speculative-config"):
-        parse_args(["--prefill-speculative-config", '{"method": "ngram"}'])
+        parse_args(["--prefill-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'])
 
 
 def test_help_lists_every_role_flag(capsys: pytest.CaptureFixture[str]) -> None:

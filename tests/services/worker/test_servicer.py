@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+from prometheus_client import REGISTRY
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
@@ -127,3 +128,19 @@ async def test_a_failure_after_tokens_ends_the_stream_with_a_typed_error() -> No
     assert [r.WhichOneof("kind") for r in responses] == ["chunk", "chunk", "error"]
     assert responses[-1].error.code == common_pb2.ERROR_CODE_OVERLOADED
     assert responses[-1].error.message == "engine died"
+
+
+async def test_get_stats_exports_spec_decode_to_prometheus() -> None:
+    engine = FakeEngine()
+    engine.stats().spec_decode.update(drafts=4, draft_tokens=12, accepted_tokens=9)
+    server, stub = await serve(Role.DECODE, engine)
+    try:
+        stats = await stub.GetStats(worker_pb2.GetStatsRequest(), timeout=10)
+    finally:
+        await server.stop()
+    assert (stats.spec_decode.drafts, stats.spec_decode.accepted_tokens) == (4, 9)
+    assert stats.spec_decode.acceptance_rate == pytest.approx(0.75)
+    assert stats.spec_decode.mean_accepted_length == pytest.approx(3.25)
+    assert REGISTRY.get_sample_value("cleave_worker_spec_decode", {"counter": "accepted_tokens"}) == 9
+    assert REGISTRY.get_sample_value("cleave_worker_spec_decode_acceptance_rate") == pytest.approx(0.75)
+    assert REGISTRY.get_sample_value("cleave_worker_spec_decode_mean_accepted_length") == pytest.approx(3.25)
