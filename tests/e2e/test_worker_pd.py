@@ -192,46 +192,117 @@ async def wait_for(probe: Callable[[], Awaitable[T | None]], timeout_s: float, w
         await asyncio.sleep(0.25)
 
 
+# Far more tokens than decode produces in the seconds an abort test takes (ignore_eos: no
+# early stop), so the request can only end by the abort.
+ABORT_MAX_TOKENS = 400
+
+
+async def start_long_decode(
+    prefill: worker_pb2_grpc.WorkerStub, decode: worker_pb2_grpc.WorkerStub, request_id: str, ids: list[int]
+) -> tuple[grpc.aio.UnaryStreamCall, int]:
+    """Prefill, then a long decode of which 5 token chunks were read; the call and its tokens."""
+    metadata = common_pb2.RequestMetadata(request_id=request_id)
+    response = await prefill.Prefill(
+        worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=ids, sampling=greedy())
+    )
+    call = decode.Generate(
+        worker_pb2.GenerateRequest(
+            metadata=metadata,
+            prompt_token_ids=ids,
+            sampling=greedy(ABORT_MAX_TOKENS, ignore_eos=True),
+            handoff=response.handoff,
+        )
+    )
+    chunks = tokens = 0
+    async for item in call:
+        assert item.HasField("chunk"), item
+        assert item.chunk.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED, item.chunk
+        chunks += 1
+        tokens += len(item.chunk.token_ids)
+        if chunks >= 5:
+            break
+    assert tokens > 0
+    return call, tokens
+
+
+async def wait_kv_back_to_baseline(
+    prefill: worker_pb2_grpc.WorkerStub,
+    decode: worker_pb2_grpc.WorkerStub,
+    prefill_before: worker_pb2.WorkerStats,
+    decode_before: worker_pb2.WorkerStats,
+) -> None:
+    async def decode_idle() -> worker_pb2.WorkerStats | None:
+        stats = await decode.GetStats(worker_pb2.GetStatsRequest())
+        idle = stats.num_running == 0 and stats.kv_cache_usage <= decode_before.kv_cache_usage
+        return stats if idle else None
+
+    async def prefill_idle() -> worker_pb2.WorkerStats | None:
+        stats = await prefill.GetStats(worker_pb2.GetStatsRequest())
+        return stats if stats.kv_cache_usage <= prefill_before.kv_cache_usage else None
+
+    await wait_for(decode_idle, 15, "decode KV usage back to its baseline after the abort")
+    await wait_for(prefill_idle, 15, "prefill KV usage back to its baseline once decode pulled the KV")
+
+
 async def test_abort_mid_decode_frees_kv_on_both_sides(
     workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
 ) -> None:
+    """The client cancels the stream mid-decode: the decode worker aborts the running request
+    in its engine (its abort counter says so) and both sides free the request's KV."""
     ids = prompts[-2][1]  # a long prompt: many blocks on both sides
     async with (
         grpc.aio.insecure_channel(workers["prefill"].address) as p_channel,
         grpc.aio.insecure_channel(workers["decode"].address) as d_channel,
     ):
         prefill, decode = worker_pb2_grpc.WorkerStub(p_channel), worker_pb2_grpc.WorkerStub(d_channel)
-        metadata = common_pb2.RequestMetadata(request_id="abort-1")
-        response = await prefill.Prefill(
-            worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=ids, sampling=greedy())
-        )
-        call = decode.Generate(
-            worker_pb2.GenerateRequest(
-                metadata=metadata,
-                prompt_token_ids=ids,
-                sampling=greedy(400, ignore_eos=True),
-                handoff=response.handoff,
-            )
-        )
-        chunks = 0
-        async for item in call:
-            chunks += item.HasField("chunk")
-            if chunks >= 5:
-                break
+        prefill_before = await prefill.GetStats(worker_pb2.GetStatsRequest())
+        decode_before = await decode.GetStats(worker_pb2.GetStatsRequest())
+        call, streamed = await start_long_decode(prefill, decode, "abort-1", ids)
         mid = await decode.GetStats(worker_pb2.GetStatsRequest())
-        assert mid.num_running == 1 and mid.kv_cache_usage > 0
+        assert mid.num_running == 1 and mid.kv_cache_usage > decode_before.kv_cache_usage, mid
         call.cancel()  # the client goes away mid-stream
 
-        async def decode_idle() -> worker_pb2.WorkerStats | None:
+        async def aborted() -> worker_pb2.WorkerStats | None:
             stats = await decode.GetStats(worker_pb2.GetStatsRequest())
-            return stats if stats.num_running == 0 and stats.kv_cache_usage == 0 else None
+            return stats if stats.requests_aborted > decode_before.requests_aborted else None
 
-        async def prefill_idle() -> worker_pb2.WorkerStats | None:
-            stats = await prefill.GetStats(worker_pb2.GetStatsRequest())
-            return stats if stats.kv_cache_usage == 0 else None
+        after = await wait_for(aborted, 15, "the decode worker to abort the cancelled request")
+        print(f"cancelled after {streamed} of {ABORT_MAX_TOKENS} tokens; decode aborted it")
+        assert after.requests_aborted == decode_before.requests_aborted + 1
+        await wait_kv_back_to_baseline(prefill, decode, prefill_before, decode_before)
 
-        await wait_for(decode_idle, 15, "decode KV usage back to 0 after the client cancelled")
-        await wait_for(prefill_idle, 15, "prefill KV usage back to 0 once decode pulled the KV")
+
+async def test_abort_rpc_mid_decode_ends_the_stream_with_finish_reason_abort(
+    workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
+) -> None:
+    """Abort(request_id) on a running decode: the stream goes on to a last chunk whose finish
+    reason is ABORT, long before max_tokens, then completes; KV back to baseline on both sides."""
+    ids = prompts[-2][1]
+    async with (
+        grpc.aio.insecure_channel(workers["prefill"].address) as p_channel,
+        grpc.aio.insecure_channel(workers["decode"].address) as d_channel,
+    ):
+        prefill, decode = worker_pb2_grpc.WorkerStub(p_channel), worker_pb2_grpc.WorkerStub(d_channel)
+        prefill_before = await prefill.GetStats(worker_pb2.GetStatsRequest())
+        decode_before = await decode.GetStats(worker_pb2.GetStatsRequest())
+        call, streamed = await start_long_decode(prefill, decode, "abort-rpc-1", ids)
+        found = await decode.Abort(worker_pb2.AbortRequest(request_id="abort-rpc-1"))
+        assert found.found
+        finish_reasons, completed = [], None
+        async for item in call:
+            assert not item.HasField("error"), item.error.message
+            if item.HasField("chunk"):
+                streamed += len(item.chunk.token_ids)
+                finish_reasons.append(item.chunk.finish_reason)
+            if item.HasField("complete"):
+                completed = item.complete
+        print(f"Abort after {streamed} of {ABORT_MAX_TOKENS} tokens")
+        assert finish_reasons and finish_reasons[-1] == common_pb2.FINISH_REASON_ABORT, finish_reasons
+        assert completed is not None and completed.usage.completion_tokens == streamed
+        assert streamed < ABORT_MAX_TOKENS
+        after = await decode.GetStats(worker_pb2.GetStatsRequest())
+        assert after.requests_aborted == decode_before.requests_aborted + 1
+        await wait_kv_back_to_baseline(prefill, decode, prefill_before, decode_before)
 
 
 async def test_unpulled_handoff_is_freed_by_lease_expiry(
