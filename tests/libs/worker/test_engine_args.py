@@ -73,7 +73,9 @@ def test_draft_model_form_reaches_vllm_translated_and_the_qaic_plugin_in_additio
         "model": "/models/draft",
         "num_speculative_tokens": 3,
     }
-    assert kwargs["additional_config"] == {"draft_override_qaic_config": {"device_group": [0], "num_cores": 6}}
+    assert kwargs["additional_config"] == {
+        "draft_override_qaic_config": {"device_group": [0], "num_cores": 6}
+    }
 
 
 def test_environment_pins_cpu_threads_and_side_channel() -> None:
@@ -100,7 +102,10 @@ def test_invalid_configs_fail_with_the_flag_name() -> None:
         config(role=Role.PREFILL, speculative_config="{}")
     # Checked when the config is made (the worker's start-up), not when vLLM starts.
     with pytest.raises(ConfigError, match=r"--speculative-config key 'num_cores'"):
-        config(role=Role.DECODE, speculative_config='{"method": "ngram", "num_speculative_tokens": 5, "num_cores": 6}')
+        config(
+            role=Role.DECODE,
+            speculative_config='{"method": "ngram", "num_speculative_tokens": 5, "num_cores": 6}',
+        )
 
 
 def test_a_kvstore_joins_nixl_through_multiconnector() -> None:

@@ -28,7 +28,13 @@ def test_defaults_launch_a_local_1p1d_stack() -> None:
 
 def test_qaic_disagg_flags_parse() -> None:
     config = parse_args(
-        [*QAIC_DISAGG, "--mode", "2p1d", "--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}']
+        [
+            *QAIC_DISAGG,
+            "--mode",
+            "2p1d",
+            "--decode-speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 5}',
+        ]
     )
     assert config.prefill.device_group == tuple(range(16))
     assert config.decode.device_group == tuple(range(16, 24))

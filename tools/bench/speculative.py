@@ -1,0 +1,153 @@
+"""Speculative decoding on a local 1p1d stack: decode tok/s on repetitive text without
+speculation, with n-gram and with a draft model, one stack at a time, one request at a time
+(the single-stream case speculation is for). Prints tok/s, the ratio to the plain stack and
+the decode worker's acceptance rate and mean accepted length (from the gateway's /metrics).
+
+./bazel run //tools/bench:speculative -- --max-tokens 256 --draft-model smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from libs.config.flags import parse
+from libs.stack.launcher import Service, start_service
+from services.gateway.config import GatewayConfig
+from tools.bench.stack_cycles import wait_healthy
+
+# Text whose continuation repeats what the prompt already holds: the n-gram drafter's case.
+PROMPTS = [
+    "Monday Tuesday Wednesday Thursday Friday Saturday Sunday " * 4,
+    "The cat sat on the mat. The dog sat on the log. " * 6,
+    "for i in range(10):\n    print(i)\n" * 6,
+    "red green blue, red green blue, red green blue, red green blue, red green blue, ",
+    '{"id": 1, "name": "alpha", "ok": true}\n{"id": 2, "name": "beta", "ok": true}\n' * 3,
+    "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z " * 3,
+]
+SPEC_PREFIX = "cleave_gateway_worker_spec_decode_"
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    tokens: int
+    seconds: float
+    spec: dict[str, float]
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def spec_counters(base_url: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name.startswith(SPEC_PREFIX) and sample.labels.get("role") == "decode":
+                name = sample.name.removeprefix(SPEC_PREFIX).removesuffix("_total")
+                values[name] = values.get(name, 0) + sample.value
+    return values
+
+
+def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: Path) -> Result:
+    flags = [
+        "--mode",
+        "1p1d",
+        "--port",
+        "0",
+        "--model",
+        args.model,
+        "--cache-dir",
+        str(log_dir / "cache"),
+        *extra,
+    ]
+    service: Service = start_service(
+        f"gateway-{name}", "gateway", "services.gateway.main", parse(GatewayConfig, flags), log_dir
+    )
+    try:
+        base_url = wait_healthy(service, args.timeout_s)
+        served = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+        def complete(prompt: str, max_tokens: int) -> int:
+            body = {
+                "model": served,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            reply = httpx.post(f"{base_url}/v1/completions", json=body, timeout=600)
+            reply.raise_for_status()
+            return int(reply.json()["usage"]["completion_tokens"])
+
+        complete("Hello", 8)  # warm-up: first-request costs are not decode speed
+        time.sleep(2)  # the gateway polls worker stats each second
+        before = spec_counters(base_url)
+        started = time.perf_counter()
+        tokens = sum(complete(prompt, args.max_tokens) for prompt in PROMPTS)
+        seconds = time.perf_counter() - started
+        time.sleep(2)
+        after = spec_counters(base_url)
+    finally:
+        service.stop(timeout_s=60)
+    drafts = after.get("drafts", 0) - before.get("drafts", 0)
+    drafted = after.get("draft_tokens", 0) - before.get("draft_tokens", 0)
+    accepted = after.get("accepted_tokens", 0) - before.get("accepted_tokens", 0)
+    spec = {
+        "drafts": drafts,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": 1 + accepted / drafts if drafts else 0.0,
+    }
+    return Result(name, tokens, seconds, spec)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--ngram-tokens", type=int, default=5, help="num_speculative_tokens for n-gram")
+    parser.add_argument("--draft-model", default="smollm2", help="draft model; '' skips the draft-model run")
+    parser.add_argument("--draft-tokens", type=int, default=3, help="num_speculative_tokens for the draft")
+    parser.add_argument("--timeout-s", type=float, default=600)
+    args = parser.parse_args()
+    log_dir = Path(tempfile.mkdtemp(prefix="cleave-bench-speculative-"))
+    systems = [
+        ("plain", []),
+        ("ngram", ["--decode-speculative-config",
+                   f'{{"method": "ngram", "num_speculative_tokens": {args.ngram_tokens}}}']),
+    ]  # fmt: skip
+    if args.draft_model:
+        systems.append(("draft-model", ["--decode-speculative-config",
+                        f'{{"speculative_model": "{args.draft_model}", "num_speculative_tokens": {args.draft_tokens}}}']))  # fmt: skip
+    results = []
+    for name, extra in systems:
+        result = run_system(name, extra, args, log_dir)
+        results.append(result)
+        print(
+            f"{name}: {result.tokens} tokens in {result.seconds:.1f} s = {result.tok_s:.1f} tok/s", flush=True
+        )
+    plain = results[0]
+    print(
+        f"\n{len(PROMPTS)} repetitive prompts x {args.max_tokens} tokens, one at a time, 1p1d, {args.model}"
+    )
+    print(f"{'system':<12} {'tok/s':>8} {'vs plain':>9} {'acceptance':>11} {'mean accepted length':>21}")
+    for r in results:
+        rate = f"{r.spec['acceptance_rate']:.2f}" if r.spec["drafts"] else "-"
+        length = f"{r.spec['mean_accepted_length']:.2f}" if r.spec["drafts"] else "-"
+        print(f"{r.name:<12} {r.tok_s:>8.1f} {r.tok_s / plain.tok_s:>8.2f}x {rate:>11} {length:>21}")
+    print(f"logs in {log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
