@@ -8,10 +8,12 @@ import os
 import time
 from collections.abc import Iterator
 
+import grpc
 import httpx
 import openai
 import pytest
 
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -96,14 +98,22 @@ def test_stop_string_n_seed_and_logprobs(client: openai.OpenAI) -> None:
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].message.content == full[: full.index("France")]
 
-    two = client.chat.completions.create(
-        model=model, messages=QUESTION, temperature=1.0, max_tokens=8, n=2, seed=3
-    )
-    assert sorted(c.index for c in two.choices) == [0, 1]
-    again = client.chat.completions.create(
-        model=model, messages=QUESTION, temperature=1.0, max_tokens=8, n=2, seed=3
-    )
-    assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]
+    # Temperature honoured: greedy is repeatable; at temperature 1 the n choices differ.
+    again = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=30)
+    assert again.choices[0].message.content == full
+
+    def sampled(seed: int) -> list[str]:
+        response = client.chat.completions.create(
+            model=model, messages=QUESTION, temperature=1.0, max_tokens=16, n=2, seed=seed
+        )
+        assert sorted(c.index for c in response.choices) == [0, 1]
+        return [c.message.content or "" for c in sorted(response.choices, key=lambda c: c.index)]
+
+    two = sampled(3)
+    assert all(text.strip() for text in two), two
+    assert two[0] != two[1], f"n=2 at temperature 1 gave the same text twice: {two}"
+    assert sampled(3) == two, "the same seed must give the same choices"
+    assert sampled(4) != two, "another seed must give other choices"
 
     with_logprobs = client.chat.completions.create(
         model=model, messages=QUESTION, temperature=0, max_tokens=4, logprobs=True, top_logprobs=2
@@ -113,6 +123,11 @@ def test_stop_string_n_seed_and_logprobs(client: openai.OpenAI) -> None:
     assert "".join(item.token for item in content) == with_logprobs.choices[0].message.content
     assert all(len(item.top_logprobs) == 2 and item.logprob <= 0 for item in content)
     assert all(item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob for item in content)
+    # Greedy: every chosen token is the most likely one.
+    for item in content:
+        assert item.token == item.top_logprobs[0].token, item
+        assert item.logprob == pytest.approx(item.top_logprobs[0].logprob), item
+    assert full.startswith(with_logprobs.choices[0].message.content or "")
 
 
 def test_completions_api_with_echo(client: openai.OpenAI) -> None:
@@ -211,27 +226,50 @@ def test_bad_requests_get_openai_errors_and_the_stack_keeps_serving(
     assert ok.choices[0].message.content
 
 
-def test_client_disconnect_frees_kv_on_the_workers(gateway: str, client: openai.OpenAI) -> None:
+def worker_stats(address: str) -> worker_pb2.WorkerStats:
+    with grpc.insecure_channel(address) as channel:
+        return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=10)
+
+
+def test_client_disconnect_aborts_the_request_on_the_worker(gateway: str, client: openai.OpenAI) -> None:
+    """Mid-stream, the generating worker runs the request; once the client hangs up, that
+    worker aborts it (its abort counter grows) and every worker's KV is free again."""
+    (generating,) = [w["address"] for w in httpx.get(f"{gateway}/health").json()["workers"]
+                     if w["role"] in ("decode", "both")]  # fmt: skip
+    before = worker_stats(generating)
     body = {
         "model": served_model(client),
         "messages": QUESTION,
-        "max_tokens": 400,
+        "max_tokens": 400,  # with ignore_eos, far more than the seconds below can produce
         "ignore_eos": True,
         "stream": True,
     }
     with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=body, timeout=60) as response:
-        chunks = 0
+        assert response.status_code == 200
+        chunks, running = 0, None
         for line in response.iter_lines():
-            chunks += line.startswith("data:")
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[6:])["choices"]
+            assert all(c["finish_reason"] is None for c in choices), choices
+            chunks += any(c["delta"].get("content") for c in choices)
             if chunks >= 6:
+                running = worker_stats(generating)
                 break  # leaving the block closes the connection mid-stream
+    assert running is not None, f"the stream ended after {chunks} content chunks"
+    assert running.num_running == 1 and running.kv_cache_usage > 0, running
+    assert running.requests_aborted == before.requests_aborted
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
+        after = worker_stats(generating)
         workers = httpx.get(f"{gateway}/health").json()["workers"]
-        if all(w["kv_cache_usage"] == 0 and w["running"] == 0 for w in workers):
+        idle = all(w["kv_cache_usage"] == 0 and w["running"] == 0 for w in workers)
+        if after.requests_aborted > before.requests_aborted and idle:
+            assert after.requests_aborted == before.requests_aborted + 1
+            assert after.num_running == 0 and after.kv_cache_usage == 0, after
             return
         time.sleep(0.5)
-    raise AssertionError(f"KV not freed after the client disconnected: {workers}")
+    raise AssertionError(f"no abort / KV not freed after the client disconnected: {after}, {workers}")
 
 
 def test_models_health_and_metrics(gateway: str) -> None:
