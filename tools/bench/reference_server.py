@@ -4,7 +4,8 @@ It streams `max_tokens` (or `max_completion_tokens`) content chunks: the first a
 `ttft_s`, then one every `itl_s`. A load generator pointed at it should measure TTFT ≈ ttft_s
 and TPOT/ITL ≈ itl_s; what it reports beyond that is its own client-side overhead. The
 comparison runs it as the `reference` system (`--systems reference`), and the benchmark's
-tests use it as their fake server.
+tests use it as their fake server. A request with `"stream": false` (what an offline batch
+sends) gets the same text as one JSON answer after the whole delay.
 
 ./bazel run //tools/bench:reference_server -- --port 8300 --ttft-ms 200 --itl-ms 50
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +68,30 @@ class ReferenceServer:
             error = {"message": "max_tokens is required here", "type": "invalid_request_error", "code": None}
             return JSONResponse({"error": error}, status_code=400)
         chat = request.url.path.endswith("/chat/completions")
+        if body.get("stream") is False:
+            return await self._answer(body, chat)
         return StreamingResponse(self._events(body, chat), media_type="text/event-stream")
+
+    async def _answer(self, body: dict[str, Any], chat: bool) -> Response:
+        tokens = _max_tokens(body) or 0
+        if tokens:
+            await asyncio.sleep(self.ttft_s + (tokens - 1) * self.itl_s)
+        text = "".join(f" w{i}" for i in range(tokens))
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return JSONResponse(
+            {
+                "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{len(self.bodies)}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [choice],
+                "usage": {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens},
+            }
+        )
 
     async def _events(self, body: dict[str, Any], chat: bool) -> AsyncIterator[str]:
         def sse(payload: dict[str, Any] | str) -> str:
