@@ -3,8 +3,11 @@
 A prefill worker (vLLM's MultiConnector: NIXL + the kvstore connector) computes a prompt with
 a ~2,000-token shared prefix and saves its chunks; a different worker then loads that prefix
 from the kvstore instead of computing it (its own counters say how many tokens), and its
-greedy output equals a cold run's. With the kvstore stopped, workers compute prompts
-themselves: a warning, a counter, and the right answer, never an error.
+greedy output equals a cold run's. A load that fails part-way — a chunk that fails its
+checksum, or the kvstore dying mid-stream (tests/e2e/kvstore_faults.py sits between the
+loading worker and the kvstore) — loads the chunks before the fault, recomputes the rest and
+counts a load failure, with the cold run's output. With the kvstore stopped, workers compute
+prompts themselves: a warning, a counter, and the right answer, never an error.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from libs.config.flags import parse
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service, child_env, log_dir, start, wait_healthy
+from tests.e2e.kvstore_faults import FaultyKvStoreProxy
 from tests.e2e.prompts import question, shared_prefix
 from tests.e2e.stack import start_worker, stored_chunks
 from tests.libs.kvstore.redis_server import RedisServer
@@ -49,6 +53,10 @@ def prompts(tokenizer: Tokenizer) -> dict[str, list[int]]:
         "second": prefix + question(tokenizer, "Which word appears last in the notes?"),
         "unreachable": shared_prefix(tokenizer, seed=2, tokens=PREFIX_TOKENS)
         + question(tokenizer, "Name one word from the notes."),
+        "corrupt": shared_prefix(tokenizer, seed=5, tokens=PREFIX_TOKENS)
+        + question(tokenizer, "Which word appears twice?"),
+        "kvstore-dies": shared_prefix(tokenizer, seed=6, tokens=PREFIX_TOKENS)
+        + question(tokenizer, "Which word is the longest?"),
     }
 
 
@@ -69,27 +77,44 @@ def reference(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list[
 
 
 @pytest.fixture(scope="module")
-def stack(reference: dict[str, list[int]], model_dir: Path) -> Iterator[dict[str, Service]]:
+def stack_and_proxy(
+    reference: dict[str, list[int]], model_dir: Path
+) -> Iterator[tuple[dict[str, Service], FaultyKvStoreProxy]]:
     redis = RedisServer(log_dir() / "redis").start()
     kvstore = start("kvstore", "services.kvstore.main", parse(KvStoreProcessConfig, [
         "--cpu-bytes", "512MiB", "--redis-url", redis.url, "--chunk-tokens", str(CHUNK_TOKENS)]))  # fmt: skip
     services = {"kvstore": kvstore}
     kvstore.wait_bound()
-    common = ("--dtype", "float32", "--kvstore-address", kvstore.address,
-              "--kvstore-chunk-tokens", str(CHUNK_TOKENS))  # fmt: skip
+    proxy = FaultyKvStoreProxy(kvstore.address)
+    common = ("--dtype", "float32", "--kvstore-chunk-tokens", str(CHUNK_TOKENS))
     try:
         asyncio.run(wait_healthy(kvstore, timeout_s=120))
         services["prefill"] = start_worker(
-            "prefill", model_dir, *common, "--device-group", "0", name="prefill"
+            "prefill", model_dir, *common, "--kvstore-address", kvstore.address, "--device-group", "0",
+            name="prefill",
+        )  # fmt: skip
+        # The loading worker reaches the kvstore through the fault-injecting proxy.
+        services["both"] = start_worker(
+            "both", model_dir, *common, "--kvstore-address", proxy.address, "--device-group", "1", name="both"
         )
-        services["both"] = start_worker("both", model_dir, *common, "--device-group", "1", name="both")
         for name in ("prefill", "both"):
             asyncio.run(wait_healthy(services[name], timeout_s=600))
-        yield services
+        yield services, proxy
     finally:
         for service in services.values():
             service.stop()
+        proxy.stop()
         redis.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(stack_and_proxy: tuple[dict[str, Service], FaultyKvStoreProxy]) -> dict[str, Service]:
+    return stack_and_proxy[0]
+
+
+@pytest.fixture(scope="module")
+def proxy(stack_and_proxy: tuple[dict[str, Service], FaultyKvStoreProxy]) -> FaultyKvStoreProxy:
+    return stack_and_proxy[1]
 
 
 async def generate(
@@ -166,10 +191,64 @@ async def test_a_prefix_saved_by_one_worker_is_loaded_by_another(
     assert tokens == reference["second"]
 
 
-async def test_an_unreachable_kvstore_means_computing_not_failing(
-    stack: dict[str, Service], prompts: dict[str, list[int]], reference: dict[str, list[int]]
+async def save_prefix(stack: dict[str, Service], request_id: str, ids: list[int]) -> None:
+    """The prefill worker computes `ids` and the kvstore ends up holding its full chunks."""
+    held = await stored_chunks(stack["kvstore"].address, at_least=0)
+    await prefill(stack["prefill"], request_id, ids)
+    wanted = held + len(ids) // CHUNK_TOKENS
+    assert await stored_chunks(stack["kvstore"].address, at_least=wanted) >= wanted
+
+
+async def test_a_corrupt_chunk_is_recomputed_not_used(
+    stack: dict[str, Service],
+    proxy: FaultyKvStoreProxy,
+    prompts: dict[str, list[int]],
+    reference: dict[str, list[int]],
 ) -> None:
-    stack["kvstore"].stop()
+    ids = prompts["corrupt"]
+    await save_prefix(stack, "save-corrupt", ids)
+    injected = proxy.faults_injected
+    proxy.corrupt_next_get(at_chunk=2)
+    before = await stats(stack["both"])
+    tokens, _ = await generate(stack["both"], "load-corrupt", ids)
+    after = await settled_stats(stack["both"])
+    assert proxy.faults_injected == injected + 1
+    # Chunks 0 and 1 loaded; chunk 2 failed its checksum, so it and all after it were computed.
+    assert after.kvstore.tokens_loaded - before.kvstore.tokens_loaded == 2 * CHUNK_TOKENS, after.kvstore
+    assert after.kvstore.load_failures == before.kvstore.load_failures + 1
+    assert tokens == reference["corrupt"]
+    assert "fails its key or checksum" in stack["both"].running.log_path.read_text(errors="replace")
+
+
+async def test_the_kvstore_dying_mid_load_means_computing_the_rest(
+    stack: dict[str, Service],
+    proxy: FaultyKvStoreProxy,
+    prompts: dict[str, list[int]],
+    reference: dict[str, list[int]],
+) -> None:
+    ids = prompts["kvstore-dies"]
+    await save_prefix(stack, "save-dies", ids)
+    injected = proxy.faults_injected
+    proxy.kill_kvstore_in_next_get(after_chunks=3, kill=stack["kvstore"].kill)
+    before = await stats(stack["both"])
+    tokens, _ = await generate(stack["both"], "load-dies", ids)
+    after = await settled_stats(stack["both"])
+    assert proxy.faults_injected == injected + 1
+    assert stack["kvstore"].running.exit_code() is not None, "the kvstore should be dead"
+    assert after.kvstore.tokens_loaded - before.kvstore.tokens_loaded == 3 * CHUNK_TOKENS, after.kvstore
+    assert after.kvstore.load_failures == before.kvstore.load_failures + 1
+    assert tokens == reference["kvstore-dies"]
+    assert "kvstore load failed" in stack["both"].running.log_path.read_text(errors="replace")
+
+
+async def test_an_unreachable_kvstore_means_computing_not_failing(
+    stack: dict[str, Service],
+    proxy: FaultyKvStoreProxy,
+    prompts: dict[str, list[int]],
+    reference: dict[str, list[int]],
+) -> None:
+    stack["kvstore"].stop()  # already killed by the test before; stopping again is harmless
+    proxy.stop()  # nothing listens at the loading worker's kvstore address any more
     before = await stats(stack["both"])
     tokens, _ = await generate(stack["both"], "kvstore-down", prompts["unreachable"])
     after = await settled_stats(stack["both"])
