@@ -44,6 +44,7 @@ class _FlagSpec:
     help: str
     name: str | None  # the flag's name when it is not the field's name with dashes
     switch: bool  # a store_true flag: present = True, absent = False
+    count: bool  # a repeatable flag (`-v -v`): the value is how often it was given
 
 
 def _text(_flag: str, text: str) -> str:
@@ -70,9 +71,17 @@ FLOAT: Codec[float] = Codec(_float, repr)
 PATH: Codec[Path] = Codec(lambda _flag, text: Path(text), str)
 
 
-def flag(default: Any = None, *, help: str = "", codec: Codec[Any] = TEXT, name: str | None = None) -> Any:
-    """Declares a dataclass field as a command-line flag. A bool default makes a switch."""
-    spec = _FlagSpec(codec=codec, help=help, name=name, switch=isinstance(default, bool))
+def flag(
+    default: Any = None,
+    *,
+    help: str = "",
+    codec: Codec[Any] = TEXT,
+    name: str | None = None,
+    count: bool = False,
+) -> Any:
+    """Declares a dataclass field as a command-line flag. A bool default makes a switch;
+    `count=True` a repeatable flag such as `-v` (`name` may then be a short `-x` name)."""
+    spec = _FlagSpec(codec=codec, help=help, name=name, switch=isinstance(default, bool), count=count)
     if isinstance(default, (list, dict, set)):
         raise TypeError("flag defaults must be immutable")
     return dataclasses.field(default=default, metadata={_FLAG: spec})
@@ -85,6 +94,8 @@ def group(prefix: str = "", *, factory: Callable[[], Any]) -> Any:
 
 def _flag_name(field: dataclasses.Field[Any], prefix: str) -> str:
     spec: _FlagSpec = field.metadata[_FLAG]
+    if spec.name is not None and spec.name.startswith("-"):
+        return spec.name  # a short flag, never prefixed
     base = spec.name or field.name.replace("_", "-")
     return f"--{prefix}-{base}" if prefix else f"--{base}"
 
@@ -111,6 +122,10 @@ def _walk(cls: type, prefix: str = "") -> list[tuple[tuple[str, ...], dataclasse
 _UNSET = object()
 
 
+def _dest(field: dataclasses.Field[Any]) -> str:
+    return f"count_{field.name}"
+
+
 def build_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description or (cls.__doc__ or "").strip().split("\n")[0])
     for _path, field, name in _walk(cls):
@@ -118,6 +133,10 @@ def build_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
         help_text = spec.help
         if spec.switch:
             parser.add_argument(name, action="store_true", default=_UNSET, help=help_text)
+            continue
+        if spec.count:
+            # argparse's count starts from None, not from a sentinel.
+            parser.add_argument(name, action="count", dest=_dest(field), default=None, help=help_text)
             continue
         if field.default is not None:
             help_text = f"{help_text} (default: {spec.codec.format(field.default)})".strip()
@@ -138,11 +157,13 @@ def _build(cls: type[C], namespace: dict[str, Any], prefix: str) -> C:
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
         if _FLAG in field.metadata:
             name = _flag_name(field, prefix)
-            text = namespace[name.lstrip("-").replace("-", "_")]
-            if text is _UNSET:
+            text = namespace[
+                _dest(field) if field.metadata[_FLAG].count else name.lstrip("-").replace("-", "_")
+            ]
+            if text is _UNSET or text is None:
                 continue
             spec: _FlagSpec = field.metadata[_FLAG]
-            values[field.name] = text if spec.switch else spec.codec.parse(name, text)
+            values[field.name] = text if spec.switch or spec.count else spec.codec.parse(name, text)
         elif _GROUP in field.metadata:
             nested_prefix = "-".join(p for p in (prefix, field.metadata[_GROUP]) if p)
             values[field.name] = _build(_group_type(field), namespace, nested_prefix)
@@ -161,6 +182,8 @@ def render(config: Any) -> list[str]:
         spec: _FlagSpec = field.metadata[_FLAG]
         if spec.switch:
             argv.append(name)
+        elif spec.count:
+            argv += [name] * value
         elif value is not None:
             argv += [name, spec.codec.format(value)]
         else:

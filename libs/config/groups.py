@@ -33,6 +33,14 @@ class ServerFlags:
 class LoggingFlags:
     log_level: str = flag("info", help="debug, info, warning or error")
     log_json: bool = flag(False, help="one JSON object per log line")
+    # qaic_disagg's launch commands end in `-v -v -v`.
+    verbose: int = flag(
+        0, count=True, name="-v", help="more detail: -v = debug logs, -v -v = the engine's too"
+    )
+
+    @property
+    def effective_log_level(self) -> str:
+        return "debug" if self.verbose else self.log_level
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +50,9 @@ class ModelFlags:
     model_cache_dir: Path = flag(
         DEFAULT_CACHE_DIR / "models", codec=PATH, help="where models converted from GGUF are kept"
     )
-    max_model_len: int = flag(2048, codec=POSITIVE_INT, help="context length (prompt + generated tokens)")
+    max_model_len: int | None = flag(
+        None, codec=POSITIVE_INT, help="context length, prompt + generated tokens (default: the model's own)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

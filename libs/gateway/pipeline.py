@@ -106,10 +106,15 @@ class Pipeline:
         self._prefix_lookup = prefix_lookup
         self._skip_prefill_max_tail = skip_prefill_max_tail
 
-    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+    def check(self, spec: GenerationSpec) -> None:
+        """The request checks that need the workers' facts (vocabulary), as an ApiError (400).
+        A streaming response calls it before it commits to a 200."""
         vocab_size = self._pool.vocab_size()
         if vocab_size is not None:
             check_vocabulary(spec, vocab_size)
+
+    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        self.check(spec)
         decoders = self._pool.healthy("decode")
         if not decoders:
             colocated = self._pool.healthy("both")

@@ -14,7 +14,9 @@ log = structlog.get_logger(__name__)
 GGUF_MAGIC = b"GGUF"
 
 
-def resolve_model(model: str, cache_dir: Path, progress: bool = True) -> ResolvedModel:
+def resolve_model(
+    model: str, cache_dir: Path, progress: bool = True, hub_cache_dir: Path | None = None
+) -> ResolvedModel:
     """Resolve `model` to a local Hugging Face-format folder, converting GGUF files once.
 
     `model` is, checked in this order:
@@ -22,7 +24,9 @@ def resolve_model(model: str, cache_dir: Path, progress: bool = True) -> Resolve
         to use a local folder that happens to share the name, pass it as ``./smollm2``;
       - a local HF folder containing config.json: used as is;
       - a local GGUF file: converted into a bf16 safetensors folder under `cache_dir`,
-        reused on later calls.
+        reused on later calls;
+      - a hub id (``org/name``) already in the local Hugging Face cache (`hub_cache_dir`, by
+        default huggingface_hub's own: ``HF_HUB_CACHE`` or ``HF_HOME``/hub): its snapshot.
     Anything else raises ModelNotFoundError. Nothing is ever downloaded from a model hub.
     `progress` shows a progress bar on stderr while converting.
     """
@@ -52,8 +56,27 @@ def resolve_model(model: str, cache_dir: Path, progress: bool = True) -> Resolve
 
     problem = f"no file or folder exists at {candidate}"
     if _looks_like_hub_id(model):
-        problem += " (it looks like a model hub id, but hub ids are not supported)"
+        snapshot = _hub_snapshot(model, hub_cache_dir)
+        if snapshot is not None:
+            return _resolved(model, snapshot, model, ModelOrigin.HUB_CACHE, snapshot)
+        problem += (
+            " and the hub id is not in the local Hugging Face cache "
+            f"({hub_cache_dir or 'HF_HUB_CACHE / HF_HOME'}); download it there first"
+        )
     raise _not_found(model, problem)
+
+
+def _hub_snapshot(model: str, hub_cache_dir: Path | None) -> Path | None:
+    """The cached snapshot folder of a hub id, offline (huggingface_hub never goes online
+    with local_files_only); None when it is not cached or lacks config.json."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(model, cache_dir=hub_cache_dir, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
+    return folder if (folder / "config.json").is_file() else None
 
 
 def _resolved(
@@ -76,8 +99,8 @@ def _not_found(model: str, problem: str) -> ModelNotFoundError:
     return ModelNotFoundError(
         f"Cannot use model {model!r}: {problem}. Expected a built-in model name ({names}), "
         "a local Hugging Face model folder containing config.json (with safetensors weights and "
-        "tokenizer files), or a local .gguf file. Models are never downloaded from a hub: "
-        "download it yourself and pass the local path."
+        "tokenizer files), a local .gguf file, or a hub id already in the local Hugging Face "
+        "cache. Models are never downloaded from a hub: download it yourself first."
     )
 
 

@@ -14,6 +14,7 @@ class ModelOrigin(enum.Enum):
     BUILTIN = "builtin"  # a name shipped with Cleave, converted from a packaged GGUF file
     HF_FOLDER = "hf_folder"  # a local Hugging Face folder, used as is
     GGUF_FILE = "gguf_file"  # a local .gguf file, converted once into the cache
+    HUB_CACHE = "hub_cache"  # an `org/name` hub id found in the local Hugging Face cache
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,16 @@ class ResolvedModel:
     origin: ModelOrigin
     # What was actually read: the folder itself, or the .gguf file that `path` was converted from.
     source: Path
+
+
+def context_length(folder: Path) -> int:
+    """The model's own context length, from its config.json (a vision-language model keeps
+    it in `text_config`), as vLLM derives its default max_model_len."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    for source in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+            if isinstance(source.get(key), int) and source[key] > 0:
+                return int(source[key])
+    raise ValueError(f"{folder / 'config.json'} names no context length (max_position_embeddings)")

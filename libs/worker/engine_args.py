@@ -24,6 +24,7 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         "served_model_name": config.served_model_name,
         # Cleave's tokenizer service owns text; engines see token ids only.
         "skip_tokenizer_init": True,
+        # None: vLLM takes the model's own context length.
         "max_model_len": config.max_model_len,
         "max_num_seqs": config.max_num_seqs,
         "enforce_eager": config.enforce_eager,
@@ -122,6 +123,8 @@ def engine_environment(config: WorkerConfig) -> dict[str, str]:
         # per process would make every cross-worker prefix lookup miss.
         "PYTHONHASHSEED": "0",
     }
+    if config.verbose >= 2:
+        env["VLLM_LOGGING_LEVEL"] = "DEBUG"
     group = ",".join(str(i) for i in config.device_group)
     if config.device is Device.CPU:
         if group:

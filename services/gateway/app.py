@@ -144,6 +144,7 @@ def _spec(
 def _stream(
     state: GatewayState, spec: GenerationSpec, *, chat: bool, options: StreamOptions | None, top: int
 ) -> StreamingResponse:
+    state.pipeline.check(spec)  # a client's mistake is a 400, not an error event in a 200 stream
     fmt = StreamFormat(
         chat=chat, model=state.served_model, options=options or StreamOptions(), top_logprobs=top
     )

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"cleave gateway: {error}", file=sys.stderr)
         return 2
-    configure_logging(level=config.log_level, json=config.log_json, service="gateway")
+    configure_logging(level=config.effective_log_level, json=config.log_json, service="gateway")
     # SIGTERM stops the gateway the way Ctrl-C does (KeyboardInterrupt), so the local stack's
     # children are stopped on the way out. Python's default SIGTERM action kills the process
     # on the spot, and uvicorn re-raises the SIGTERM it caught once it has shut down, which

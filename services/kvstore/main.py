@@ -54,7 +54,7 @@ async def run(process: KvStoreProcessConfig, store: KvStore, service: ServiceBin
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         process = parse_args(argv)
-        configure_logging(level=process.log_level, json=process.log_json, service="kvstore")
+        configure_logging(level=process.effective_log_level, json=process.log_json, service="kvstore")
     except ValueError as error:  # ConfigError, bad --log-level
         print(f"cleave kvstore: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import structlog
 
 from libs.models.errors import ModelConversionError
 from libs.models.resolve import resolve_model
+from libs.models.spec import context_length
 from libs.observability.logging import configure_logging
 from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
 from libs.tokenization import Tokenizer
@@ -31,7 +32,7 @@ def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
     return TokenizerServicer(
         tokenizer,
         model=process.served_model_name or resolved.served_name,
-        max_model_len=process.max_model_len,
+        max_model_len=process.max_model_len or context_length(resolved.path),
     )
 
 
@@ -44,7 +45,7 @@ async def run(process: TokenizerServerConfig, servicer: TokenizerServicer) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         process = parse_args(argv)
-        configure_logging(level=process.log_level, json=process.log_json, service="tokenizer")
+        configure_logging(level=process.effective_log_level, json=process.log_json, service="tokenizer")
         servicer = load_servicer(process)
     # ConfigError, ModelNotFoundError and tokenizer load failures are all ValueErrors;
     # FileNotFoundError: a resolved folder without tokenizer files.

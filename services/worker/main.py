@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import structlog
 
-from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from cleave.worker.v1 import worker_pb2_grpc
 from libs.config.errors import ConfigError
 from libs.config.flags import parse
 from libs.models.errors import ModelNotFoundError
@@ -27,10 +27,9 @@ from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_unti
 from libs.worker.config import Device, WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
 from libs.worker.service import WorkerService
-from services.worker.servicer import WorkerServicer
+from services.worker.servicer import SERVICE_NAME, WorkerServicer
 
 log = structlog.get_logger("cleave.worker")
-SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
 def resolved(config: WorkerConfig) -> WorkerConfig:
@@ -109,7 +108,9 @@ async def run(config: WorkerConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse(WorkerConfig, argv)
-        configure_logging(level=config.log_level, json=config.log_json, service=f"worker-{config.role.value}")
+        configure_logging(
+            level=config.effective_log_level, json=config.log_json, service=f"worker-{config.role.value}"
+        )
         config = resolved(config)
         if config.device is Device.CPU and config.device_group:
             pin_to_cores(config.device_group)  # fails here, with the flag's name, on a bad group

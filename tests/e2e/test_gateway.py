@@ -192,7 +192,7 @@ async def test_async_client_streams(gateway: str) -> None:
             "does not exist",
         ),
         (
-            json.dumps({"model": "M", "messages": [{"role": "user", "content": "word " * 3000}]}),
+            json.dumps({"model": "M", "messages": [{"role": "user", "content": "word " * 9000}]}),
             400,
             "maximum context length",
         ),

@@ -98,3 +98,10 @@ def test_compose_takes_only_the_named_groups() -> None:
         compose(TokenizerServerConfig, (role, RoleFlags))
     with pytest.raises(TypeError, match="no fields"):
         compose(TokenizerServerConfig, (LoggingFlags(), LoggingFlags), role=Role.DECODE)
+
+
+def test_repeatable_verbose_flag_as_in_qaic_disagg_commands() -> None:
+    config = parse(TokenizerServerConfig, ["-v", "-v", "-v"])
+    assert config.verbose == 3 and config.effective_log_level == "debug"
+    assert render(config) == ["-v", "-v", "-v"] and parse(TokenizerServerConfig, render(config)) == config
+    assert parse(TokenizerServerConfig, []).effective_log_level == "info"

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2
-from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent
+from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent, check_vocabulary
 
 # "é" is two UTF-8 bytes, so logprobs' "bytes" is not just the code points.
 VOCAB = {1: "Hello", 2: ",", 3: " world", 4: "!", 5: "é", 6: " there"}
@@ -44,15 +44,22 @@ class ScriptedPipeline:
         *,
         error: Exception | None = None,
         hang: bool = False,
+        vocab_size: int | None = None,
     ) -> None:
         self.events = list(events)
+        self.vocab_size = vocab_size
         self.error = error
         self.hang = hang
         self.specs: list[GenerationSpec] = []
         self.closed = asyncio.Event()
         self.waiting = asyncio.Event()
 
+    def check(self, spec: GenerationSpec) -> None:
+        if self.vocab_size is not None:
+            check_vocabulary(spec, self.vocab_size)
+
     async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        self.check(spec)
         self.specs.append(spec)
         try:
             for event in self.events:

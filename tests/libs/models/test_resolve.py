@@ -17,7 +17,7 @@ from libs.models import builtin, gguf_cache, gguf_convert
 from libs.models.builtin import BUILTIN_MODELS, BuiltinModel
 from libs.models.errors import ModelConversionError, ModelNotFoundError
 from libs.models.resolve import resolve_model
-from libs.models.spec import DEFAULT_MODEL, ModelOrigin, ResolvedModel
+from libs.models.spec import DEFAULT_MODEL, ModelOrigin, ResolvedModel, context_length
 
 from .tiny_gguf import CHAT_TEMPLATE, tiny_llama_weights, write_tiny_llama_gguf
 
@@ -294,12 +294,37 @@ def test_missing_path_is_explained(tmp_path: Path) -> None:
     assert_explains(caught.value, given)
 
 
-def test_hub_id_is_refused_without_downloading(tmp_path: Path) -> None:
+def test_uncached_hub_id_is_refused_without_downloading(tmp_path: Path) -> None:
     given = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    with pytest.raises(ModelNotFoundError, match="looks like a model hub id") as caught:
-        resolve_model(given, tmp_path)
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache") as caught:
+        resolve_model(given, tmp_path / "models", hub_cache_dir=hub)
     assert_explains(caught.value, given)
-    assert list(tmp_path.iterdir()) == []
+    assert list(hub.iterdir()) == [] and not (tmp_path / "models").exists()
+
+
+def make_hub_cache(hub: Path, repo_id: str, source: Path) -> Path:
+    """The layout huggingface_hub keeps: models--org--name/{refs/main, snapshots/<rev>/...}."""
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for file in source.iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    return snapshot
+
+
+def test_cached_hub_id_resolves_offline_to_its_snapshot(
+    tmp_path: Path, converted_tiny: ResolvedModel
+) -> None:
+    hub = tmp_path / "hub"
+    snapshot = make_hub_cache(hub, "meta-llama/Llama-3.2-1B-Instruct", converted_tiny.path)
+    resolved = resolve_model("meta-llama/Llama-3.2-1B-Instruct", tmp_path / "models", hub_cache_dir=hub)
+    assert resolved.path == snapshot and resolved.origin is ModelOrigin.HUB_CACHE
+    assert resolved.served_name == "meta-llama/Llama-3.2-1B-Instruct"  # as vLLM names it
 
 
 def test_folder_without_config_is_explained(tmp_path: Path) -> None:
@@ -366,3 +391,13 @@ def test_smollm2_converts_and_answers(tmp_path: Path) -> None:
     answer = tokenizer.decode(output[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert answer == "The capital of France is Paris."
     assert np.isclose(gguf_convert.folder_size(resolved.path) / 1e6, 272.6, rtol=0.05)
+
+
+def test_context_length_is_the_models_own(tmp_path: Path, converted_tiny: ResolvedModel) -> None:
+    expected = json.loads((converted_tiny.path / "config.json").read_text())["max_position_embeddings"]
+    assert context_length(converted_tiny.path) == expected
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
+    assert context_length(tmp_path) == 4096  # vision-language models keep it under text_config
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="names no context length"):
+        context_length(tmp_path)

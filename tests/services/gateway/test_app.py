@@ -79,6 +79,16 @@ async def test_streamed_completion_ends_with_usage_and_done() -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 4
 
 
+async def test_a_streamed_request_with_a_token_outside_the_vocabulary_is_a_400_not_a_stream() -> None:
+    pipeline = ScriptedPipeline(EVENTS, vocab_size=100)
+    async with client(pipeline) as http:
+        body = {"model": "m", "prompt": [1, 100], "stream": True}
+        response = await http.post("/v1/completions", json=body)
+    assert response.status_code == 400
+    assert response.headers["content-type"].startswith("application/json")
+    assert "100" in response.json()["error"]["message"] and pipeline.specs == []
+
+
 async def test_errors_are_openai_error_objects_with_their_status() -> None:
     before = requests_counted("/v1/completions", "404")
     async with client(ScriptedPipeline(EVENTS)) as http:

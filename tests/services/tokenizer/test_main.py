@@ -26,7 +26,7 @@ from services.tokenizer import main as entry
 
 def test_defaults() -> None:
     config = parse_args([])
-    assert (config.model, config.host, config.port, config.max_model_len) == ("smollm2", "127.0.0.1", 0, 2048)
+    assert (config.model, config.host, config.port, config.max_model_len) == ("smollm2", "127.0.0.1", 0, None)
     assert config.served_model_name is None and not config.log_json
 
 
