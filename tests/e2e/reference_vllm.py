@@ -1,7 +1,7 @@
 """vLLM's own offline `LLM.generate`, one prompt at a time, greedy: the reference the
 disaggregated path must match token for token. Run as a child process by the e2e tests:
 
-    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE]
+    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE [MAX_MODEL_LEN]]
 """
 
 from __future__ import annotations
@@ -15,9 +15,21 @@ from libs.worker.config import Role, WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
 
 
-def main(model_dir: str, prompts_path: str, out_path: str, max_tokens: int, dtype: str = "auto") -> None:
+def main(
+    model_dir: str,
+    prompts_path: str,
+    out_path: str,
+    max_tokens: int,
+    dtype: str = "auto",
+    max_model_len: str = "",
+) -> None:
     config = WorkerConfig(
-        role=Role.BOTH, model=str(model_dir), served_model_name="reference", kv_port=5799, dtype=dtype
+        role=Role.BOTH,
+        model=str(model_dir),
+        served_model_name="reference",
+        kv_port=5799,
+        dtype=dtype,
+        max_model_len=int(max_model_len) if max_model_len else None,
     )
     os.environ.update(engine_environment(config))
     from vllm import LLM, SamplingParams

@@ -1,9 +1,10 @@
 """A real 2p1d stack with SmolLM2 and a kvstore, round-robin routing: stored prompt prefixes
 are loaded instead of computed, by the decode worker when the gateway skips prefill and by
 the other prefill worker otherwise (their counters say how much), with the same greedy
-output. Then worker failures: a killed prefill worker is ejected and requests
-succeed on the other one; a decode worker killed mid-stream gives the client an error event
-within seconds, and the gateway stops routing to it.
+output as vLLM's own cold run. Then worker failures: a prefill worker killed under a request
+makes the gateway retry that request on the other one (counted), then it is ejected; a decode
+worker killed mid-stream gives the client an error event within seconds, and the gateway stops
+routing to it.
 
 The tests share one stack and run in file order (the last leaves no decode worker).
 """
@@ -14,8 +15,11 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -25,20 +29,56 @@ import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e.harness import Service
+from tests.e2e.harness import Service, child_env, log_dir
 from tests.e2e.prompts import question, shared_prefix
 from tests.e2e.stack import start_gateway_stack, stop_gateway_stack, stored_chunks
 
 PREFIX_TOKENS = 1900
+MAX_TOKENS = 16
+MAX_MODEL_LEN = 4096
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+def tokenizer(model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_config(TokenizerConfig(path=model_dir))
+
+
+@pytest.fixture(scope="module")
+def prefix_prompts(tokenizer: Tokenizer) -> dict[str, list[int]]:
+    """Two prompts sharing a ~1,900-token prefix; `long_tail` adds ~300 new tokens to it."""
+    prefix = shared_prefix(tokenizer, seed=3, tokens=PREFIX_TOKENS)
+    return {
+        "prompt": prefix + question(tokenizer, "Which word comes first?"),
+        "long_tail": prefix + shared_prefix(tokenizer, seed=4, tokens=300) + question(tokenizer, "And last?"),
+    }
+
+
+@pytest.fixture(scope="module")
+def cold_reference(model_dir: Path, prefix_prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+    """vLLM's own LLM.generate of each prompt in a fresh engine (no cache, no kvstore), run
+    before the stack starts so the two never compete for memory."""
+    folder = log_dir()
+    names = sorted(prefix_prompts)
+    prompts_file, out_file = folder / "2p1d-prompts.json", folder / "2p1d-reference.json"
+    prompts_file.write_text(json.dumps([prefix_prompts[name] for name in names]))
+    with (folder / "2p1d-reference.log").open("wb") as log:
+        subprocess.run(
+            [sys.executable, "-m", "tests.e2e.reference_vllm", str(model_dir), str(prompts_file), str(out_file),
+             str(MAX_TOKENS), "float32", str(MAX_MODEL_LEN)],
+            stdout=log, stderr=subprocess.STDOUT, env=child_env(), check=True, timeout=900,
+        )  # fmt: skip
+    return dict(zip(names, json.loads(out_file.read_text()), strict=True))
+
+
+@pytest.fixture(scope="module")
+def stack(
+    cold_reference: dict[str, list[int]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Service, str]]:
     service, base_url = start_gateway_stack(
         "2p1d", tmp_path_factory.mktemp("cache"), "--kvstore", "--kvstore-cpu-bytes", "512MiB",
-        "--routing", "round_robin", "--max-model-len", "4096",
+        "--routing", "round_robin", "--max-model-len", str(MAX_MODEL_LEN),
     )  # fmt: skip
     try:
         yield service, base_url
@@ -50,13 +90,20 @@ def workers(base_url: str, role: str) -> list[dict[str, object]]:
     return [w for w in httpx.get(f"{base_url}/health", timeout=10).json()["workers"] if w["role"] == role]
 
 
-def child_port(gateway: Service, module: str) -> str:
-    """The --port of the local stack's child running `module`."""
+def kvstore_address(gateway: Service) -> str:
+    """The local stack's kvstore, as its workers were told (the kvstore binds port 0)."""
     for child in psutil.Process(gateway.process.pid).children():
         cmdline = child.cmdline()
-        if module in cmdline:
-            return cmdline[cmdline.index("--port") + 1]
-    raise AssertionError(f"no {module} in the local stack")
+        if "services.worker.main" in cmdline and "--kvstore-address" in cmdline:
+            return cmdline[cmdline.index("--kvstore-address") + 1]
+    raise AssertionError("no worker of the local stack has a --kvstore-address")
+
+
+def listening_ports(process: psutil.Process) -> set[int]:
+    try:
+        return {c.laddr.port for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:  # e.g. the worker killed by the previous test, not yet reaped
+        return set()
 
 
 def worker_stats(address: str) -> worker_pb2.WorkerStats:
@@ -64,21 +111,25 @@ def worker_stats(address: str) -> worker_pb2.WorkerStats:
         return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=10)
 
 
-def test_stored_prefixes_are_loaded_not_computed(stack: tuple[Service, str], model_dir: Path) -> None:
+def test_stored_prefixes_are_loaded_not_computed(
+    stack: tuple[Service, str],
+    tokenizer: Tokenizer,
+    prefix_prompts: dict[str, list[int]],
+    cold_reference: dict[str, list[int]],
+) -> None:
     """Cold on one prefill worker; the same prefix with a long new tail goes through the other
     prefill worker, which loads the prefix from the kvstore; the first prompt again skips
-    prefill (the kvstore holds all but its last 120 tokens) and gives the same greedy output."""
+    prefill (the kvstore holds all but its last 120 tokens). Every answer equals vLLM's own
+    cold run of its prompt."""
     gateway, base_url = stack
-    tokenizer = Tokenizer.from_config(TokenizerConfig(path=model_dir))
-    prefix = shared_prefix(tokenizer, seed=3, tokens=PREFIX_TOKENS)
-    prompt = prefix + question(tokenizer, "Which word comes first?")
-    long_tail = prefix + shared_prefix(tokenizer, seed=4, tokens=300) + question(tokenizer, "And last?")
+    prompt, long_tail = prefix_prompts["prompt"], prefix_prompts["long_tail"]
+    expected = {name: tokenizer.decode(ids, skip_special_tokens=True) for name, ids in cold_reference.items()}
     model = served_model(base_url)
     addresses = {role: [str(w["address"]) for w in workers(base_url, role)] for role in ("prefill", "decode")}
     everyone = addresses["prefill"] + addresses["decode"]
 
     def complete(ids: list[int]) -> str:
-        body = {"model": model, "prompt": ids, "max_tokens": 16, "temperature": 0}
+        body = {"model": model, "prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0}
         response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
         assert response.status_code == 200, response.text
         time.sleep(1.5)  # vLLM's stat loggers run after the step
@@ -98,21 +149,24 @@ def test_stored_prefixes_are_loaded_not_computed(stack: tuple[Service, str], mod
 
     before = {a: worker_stats(a) for a in everyone}
     cold = complete(prompt)
+    assert cold == expected["prompt"]
     computed, _, _ = deltas(before)
     cold_worker = max(addresses["prefill"], key=lambda a: computed[a])
     assert computed[cold_worker] == len(prompt)
-    kvstore = f"127.0.0.1:{child_port(gateway, 'services.kvstore.main')}"
+    kvstore = kvstore_address(gateway)
     full_chunks = len(prompt) // 256
     assert asyncio.run(stored_chunks(kvstore, at_least=full_chunks)) >= full_chunks
 
     before = {a: worker_stats(a) for a in everyone}
-    complete(long_tail)
+    loaded_elsewhere = complete(long_tail)
     computed, loaded, _ = deltas(before)
     print(
         f"same prefix, {len(long_tail) - PREFIX_TOKENS} new tokens: computed {computed}, from the kvstore {loaded}"
     )
     other = next(a for a in addresses["prefill"] if a != cold_worker)
     assert loaded[other] >= 0.9 * PREFIX_TOKENS and computed[other] == len(long_tail) - loaded[other]
+    # The prefix KV the other worker saved, loaded here, gives the cold run's answer.
+    assert loaded_elsewhere == expected["long_tail"]
 
     # The decode worker reuses the prefix from its own prefix cache (it received this
     # prompt's KV over NIXL the first time) or from the kvstore; no prefill worker computes.
@@ -127,18 +181,23 @@ def test_stored_prefixes_are_loaded_not_computed(stack: tuple[Service, str], mod
     assert warm == cold
 
 
-def kill_worker(gateway: Service, address: str) -> None:
-    """SIGKILL the worker serving `address` and its vLLM engine processes (its process group)."""
-    port = address.rsplit(":", 1)[1]
+def kill_worker(gateway: Service, address: str, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Signals the worker serving `address` and its vLLM engine processes (its process group)."""
+    port = int(address.rsplit(":", 1)[1])
     for child in psutil.Process(gateway.process.pid).children():
-        try:
-            cmdline = child.cmdline()
-        except psutil.Error:  # e.g. the worker killed by the previous test, not yet reaped
-            continue
-        if "services.worker.main" in cmdline and port in cmdline:
-            os.killpg(child.pid, signal.SIGKILL)
+        if port in listening_ports(child):
+            os.killpg(child.pid, sig)
             return
     raise AssertionError(f"no worker process listens on {address}")
+
+
+def retries(base_url: str, stage: str) -> float:
+    """cleave_gateway_retries_total{stage} on the gateway's /metrics (0 before the first)."""
+    series = f'cleave_gateway_retries_total{{stage="{stage}"}}'
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def chat(base_url: str, model: str, **extra: object) -> httpx.Response:
@@ -160,20 +219,41 @@ def wait_until_unhealthy(base_url: str, address: str, timeout_s: float) -> float
     raise AssertionError(f"{address} still routed to after {timeout_s} s")
 
 
-def test_killed_prefill_worker_is_ejected_and_requests_succeed(stack: tuple[Service, str]) -> None:
+def test_prefill_worker_killed_under_a_request_is_retried_elsewhere(stack: tuple[Service, str]) -> None:
     gateway, base_url = stack
     model = served_model(base_url)
     prefills = workers(base_url, "prefill")
     assert len(prefills) == 2 and all(w["healthy"] for w in prefills), prefills
     baseline = chat(base_url, model)
     assert baseline.status_code == 200, baseline.text
+    retried_before = retries(base_url, "prefill")
 
     victim = str(prefills[0]["address"])
-    kill_worker(gateway, victim)
-    # Requests sent right away may still pick the dead worker: the gateway retries them on
-    # the other prefill worker, so every one must succeed with the same greedy answer.
-    answers = [chat(base_url, model) for _ in range(4)]
-    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    # Frozen first, so that round robin hands it one of two requests while the stats poller
+    # still counts it healthy (it ejects at once only on a refused connection; a silent worker
+    # after 3 slow polls, >= 9 s). Killing it then fails that request's Prefill under the
+    # gateway: only a retry on the other prefill worker can answer it.
+    kill_worker(gateway, victim, signal.SIGSTOP)
+    killed = False
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            pending = [pool.submit(chat, base_url, model) for _ in range(2)]
+            time.sleep(3)
+            assert victim in [w["address"] for w in workers(base_url, "prefill") if w["healthy"]]
+            kill_worker(gateway, victim)
+            killed = True
+            racing = [future.result() for future in pending]
+    finally:
+        if not killed:
+            kill_worker(gateway, victim)  # never leave a stopped worker behind
+    assert [a.status_code for a in racing] == [200, 200], [a.text for a in racing]
+    retried = retries(base_url, "prefill") - retried_before
+    print(f"prefill retries after the kill: {retried:.0f}")
+    assert retried >= 1, "the request on the killed prefill worker succeeded without a retry"
+
+    # Requests right after may still pick the dead worker until it is ejected: all succeed.
+    answers = racing + [chat(base_url, model) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
     texts = {a.json()["choices"][0]["message"]["content"] for a in answers}
     assert texts == {baseline.json()["choices"][0]["message"]["content"]}
 
