@@ -41,7 +41,10 @@ class Method(enum.Enum):
 # Accepted spellings of the method, including vLLM 0.x's `"speculative_model": "[ngram]"`.
 _METHODS = {"ngram": Method.NGRAM, "[ngram]": Method.NGRAM, "draft_model": Method.DRAFT_MODEL}
 # qaic_disagg / vLLM 0.x names of the n-gram window -> vLLM's current names.
-_LOOKUP_ALIASES = {"ngram_prompt_lookup_max": "prompt_lookup_max", "ngram_prompt_lookup_min": "prompt_lookup_min"}
+_LOOKUP_ALIASES = {
+    "ngram_prompt_lookup_max": "prompt_lookup_max",
+    "ngram_prompt_lookup_min": "prompt_lookup_min",
+}
 _KEYS = (
     "method",
     "num_speculative_tokens",
@@ -87,7 +90,10 @@ class SpeculativeSpec:
 
 def vllm_speculative_kwargs(spec: SpeculativeSpec) -> dict[str, Any]:
     """vLLM's SpeculativeConfig fields (engine argument `speculative_config`)."""
-    kwargs: dict[str, Any] = {"method": spec.method.value, "num_speculative_tokens": spec.num_speculative_tokens}
+    kwargs: dict[str, Any] = {
+        "method": spec.method.value,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+    }
     if spec.method is Method.DRAFT_MODEL:
         # The method is explicit: vLLM otherwise guesses it from the model's name and type.
         kwargs["model"] = spec.draft_model
@@ -107,7 +113,9 @@ def parse_speculative_config(text: str, flag: str = FLAG) -> SpeculativeSpec:
         raise ConfigError(flag, text, 'a JSON object, e.g. {"method": "ngram", "num_speculative_tokens": 5}')
     unknown = [key for key in document if key not in _KEYS]
     if unknown:
-        raise ConfigError(_key(flag, unknown[0]), document[unknown[0]], f"one of the known keys {', '.join(_KEYS)}")
+        raise ConfigError(
+            _key(flag, unknown[0]), document[unknown[0]], f"one of the known keys {', '.join(_KEYS)}"
+        )
     for alias, name in _LOOKUP_ALIASES.items():
         if alias in document:
             if name in document:
@@ -124,29 +132,39 @@ def parse_speculative_config(text: str, flag: str = FLAG) -> SpeculativeSpec:
     if method is Method.NGRAM:
         model = None
     elif model is None:
-        raise ConfigError(flag, text, "the key 'speculative_model' too (the draft model of method 'draft_model')")
+        raise ConfigError(
+            flag, text, "the key 'speculative_model' too (the draft model of method 'draft_model')"
+        )
 
-    tokens = document.get("num_speculative_tokens")
+    tokens: Any = document.get("num_speculative_tokens")
     if "num_speculative_tokens" not in document:
         raise ConfigError(flag, text, "the key 'num_speculative_tokens' too (a positive integer)")
-    lookup = {key: document.get(key) for key in ("prompt_lookup_min", "prompt_lookup_max")}
+    lookup: dict[str, Any] = {key: document.get(key) for key in ("prompt_lookup_min", "prompt_lookup_max")}
     for key, value in [("num_speculative_tokens", tokens), *lookup.items()]:
         if value is not None and not _positive_int(value):
             raise ConfigError(_key(flag, key), value, "a positive integer")
     if method is not Method.NGRAM:
         for key, value in lookup.items():
             if value is not None:
-                raise ConfigError(_key(flag, key), value, "unset: the n-gram window applies to method 'ngram' only")
+                raise ConfigError(
+                    _key(flag, key), value, "unset: the n-gram window applies to method 'ngram' only"
+                )
     elif None not in lookup.values() and lookup["prompt_lookup_min"] > lookup["prompt_lookup_max"]:
-        raise ConfigError(_key(flag, "prompt_lookup_min"), lookup["prompt_lookup_min"], "at most prompt_lookup_max")
+        raise ConfigError(
+            _key(flag, "prompt_lookup_min"), lookup["prompt_lookup_min"], "at most prompt_lookup_max"
+        )
 
     overrides = document.get("draft_override_qaic_config")
     device_group: tuple[int, ...] = ()
     if overrides is not None:
         if method is Method.NGRAM:
-            raise ConfigError(_key(flag, "draft_override_qaic_config"), overrides, "unset: n-gram has no draft model")
+            raise ConfigError(
+                _key(flag, "draft_override_qaic_config"), overrides, "unset: n-gram has no draft model"
+            )
         if not isinstance(overrides, dict):
-            raise ConfigError(_key(flag, "draft_override_qaic_config"), overrides, 'a JSON object, e.g. {"num_cores": 6}')
+            raise ConfigError(
+                _key(flag, "draft_override_qaic_config"), overrides, 'a JSON object, e.g. {"num_cores": 6}'
+            )
         device_group = _device_group(flag, overrides.get("device_group"))
     return SpeculativeSpec(
         method=method,
@@ -167,7 +185,9 @@ def _method(flag: str, text: str, document: dict[str, Any], model: str | None, m
         return Method.NGRAM
     if written is None:
         if model is None:
-            raise ConfigError(flag, text, "the key 'method' (\"ngram\") or 'speculative_model' (a draft model)")
+            raise ConfigError(
+                flag, text, "the key 'method' (\"ngram\") or 'speculative_model' (a draft model)"
+            )
         return Method.DRAFT_MODEL
     if written not in _METHODS:
         raise ConfigError(_key(flag, "method"), written, "'ngram' or 'draft_model'")
