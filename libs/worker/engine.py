@@ -6,7 +6,7 @@ same protocol. Outputs are deltas: each step carries only the new tokens of each
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,6 +58,9 @@ class EngineInfo:
     num_kv_blocks: int
     engine_id: str  # KV-transfer identity; empty when the engine transfers no KV
     engine_version: str
+    # Sampling defaults for fields a request leaves unset: with `--generation-config auto`
+    # the model's generation_config.json (vLLM's get_diff_sampling_param); empty with "vllm".
+    sampling_defaults: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -6,15 +6,23 @@ the tokenizer service matches them on detokenized text and the caller aborts the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from cleave.common.v1 import common_pb2
 from libs.worker.errors import InvalidRequest
 
+# The fields a model's generation_config.json may default that the contract can leave unset
+# (presence/frequency penalties are plain floats, and the gateway always resolves max_tokens).
+DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
-def sampling_kwargs(params: common_pb2.SamplingParams, *, max_tokens: int) -> dict[str, Any]:
+
+def sampling_kwargs(
+    params: common_pb2.SamplingParams, *, max_tokens: int, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Keyword arguments for vllm.SamplingParams; `max_tokens` is already resolved against
-    the context length by the caller."""
+    the context length by the caller. `defaults` fill what the request left unset, as vLLM's
+    OpenAI server applies `--generation-config auto` defaults."""
     kwargs: dict[str, Any] = {
         "n": params.n or 1,
         "max_tokens": max_tokens,
@@ -46,6 +54,9 @@ def sampling_kwargs(params: common_pb2.SamplingParams, *, max_tokens: int) -> di
         kwargs["prompt_logprobs"] = params.prompt_logprobs
     if params.logit_bias:
         kwargs["logit_bias"] = dict(params.logit_bias)
+    for name in DEFAULTABLE:
+        if defaults and name in defaults and not params.HasField(name):
+            kwargs[name] = defaults[name]
     structured = _structured_output(params.structured_output)
     if structured:
         kwargs["structured_outputs"] = structured

@@ -86,7 +86,9 @@ class WorkerService:
         prompt = list(request.prompt_token_ids)
         self._validate(request.metadata, prompt, request.sampling)
         # The prefill computes the prompt and samples one token; decode produces the output.
-        sampling = sampling_kwargs(request.sampling, max_tokens=1)
+        sampling = sampling_kwargs(
+            request.sampling, max_tokens=1, defaults=self._engine.info.sampling_defaults
+        )
         sampling["n"] = 1
         started = time.perf_counter()
         last = await self._run_to_end(request_id, prompt, sampling, PREFILL_PARAMS)
@@ -136,7 +138,9 @@ class WorkerService:
             prompt_len=len(prompt),
             max_model_len=self._engine.info.max_model_len,
         )
-        sampling = sampling_kwargs(request.sampling, max_tokens=max_tokens)
+        sampling = sampling_kwargs(
+            request.sampling, max_tokens=max_tokens, defaults=self._engine.info.sampling_defaults
+        )
         kv_params = self._decode_kv_params(request)
         completion_tokens = 0
         last: EngineStep | None = None

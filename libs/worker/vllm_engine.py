@@ -149,6 +149,7 @@ def _engine_info(engine: AsyncLLM) -> EngineInfo:
         num_kv_blocks=int(config.cache_config.num_gpu_blocks or 0),
         engine_id=kv_transfer.engine_id if kv_transfer is not None else "",
         engine_version=f"vllm {_vllm_version()} {config.device_config.device_type}",
+        sampling_defaults=model_config.get_diff_sampling_param(),
     )
 
 

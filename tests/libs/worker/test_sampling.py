@@ -67,3 +67,22 @@ def test_every_field_maps() -> None:
 def test_out_of_range_values_are_invalid(params: common_pb2.SamplingParams, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
         sampling_kwargs(params, max_tokens=1)
+
+
+def test_generation_config_defaults_fill_only_what_the_request_left_unset() -> None:
+    # What vLLM's get_diff_sampling_param returns for a model with a generation_config.json
+    # under --generation-config auto (max_tokens and penalties are the gateway's business).
+    defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05, "max_tokens": 99}
+    unset = sampling_kwargs(common_pb2.SamplingParams(), max_tokens=7, defaults=defaults)
+    assert (unset["temperature"], unset["top_p"], unset["top_k"], unset["repetition_penalty"]) == (
+        0.6,
+        0.9,
+        20,
+        1.05,
+    )
+    assert unset["max_tokens"] == 7
+    given = sampling_kwargs(
+        common_pb2.SamplingParams(temperature=0.0, top_k=5), max_tokens=7, defaults=defaults
+    )
+    assert (given["temperature"], given["top_k"], given["top_p"]) == (0.0, 5, 0.9)
+    assert "temperature" not in sampling_kwargs(common_pb2.SamplingParams(), max_tokens=7, defaults={})
