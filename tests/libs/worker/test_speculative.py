@@ -8,7 +8,12 @@ import json
 import pytest
 
 from libs.config.errors import ConfigError
-from libs.worker.speculative import Method, parse_speculative_config, spec_decode_stats, vllm_speculative_kwargs
+from libs.worker.speculative import (
+    Method,
+    parse_speculative_config,
+    spec_decode_stats,
+    vllm_speculative_kwargs,
+)
 
 # The reference's draft-model form, as its launch command spells it.
 REFERENCE_DRAFT = (
@@ -41,14 +46,20 @@ def test_vllm_spelling_and_vllm_0x_ngram_spelling_are_accepted() -> None:
     old = parse_speculative_config(
         '{"speculative_model": "[ngram]", "num_speculative_tokens": 4, "ngram_prompt_lookup_max": 3}'
     )
-    assert vllm_speculative_kwargs(old) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    assert vllm_speculative_kwargs(old) == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 3,
+    }
 
 
 def test_resolved_draft_path_round_trips_through_json() -> None:
     spec = parse_speculative_config(REFERENCE_DRAFT).with_draft_model("/cache/llama-1b")
     again = parse_speculative_config(spec.to_json())
     assert again == spec and json.loads(spec.to_json())["speculative_model"] == "/cache/llama-1b"
-    ngram = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2}')
+    ngram = parse_speculative_config(
+        '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2}'
+    )
     assert parse_speculative_config(ngram.to_json()) == ngram
 
 
@@ -96,7 +107,9 @@ def test_each_bad_key_or_value_is_one_error_naming_it(text: str, message: str) -
 
 def test_the_flag_name_is_the_callers() -> None:
     with pytest.raises(ConfigError, match=r"^--decode-speculative-config key 'num_speculative_tokens'"):
-        parse_speculative_config('{"method": "ngram", "num_speculative_tokens": -1}', "--decode-speculative-config")
+        parse_speculative_config(
+            '{"method": "ngram", "num_speculative_tokens": -1}', "--decode-speculative-config"
+        )
 
 
 def test_stats_carry_acceptance_rate_and_mean_accepted_length() -> None:
