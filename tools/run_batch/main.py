@@ -67,7 +67,7 @@ def user_path(path: Path) -> Path:
     """A path as the user typed it: `bazel run` runs us inside the runfiles tree, and says in
     BUILD_WORKING_DIRECTORY where the user was."""
     base = os.environ.get("BUILD_WORKING_DIRECTORY")
-    return Path(base) / path if base and not path.is_absolute() else path
+    return Path(os.path.normpath(Path(base) / path)) if base and not path.is_absolute() else path
 
 
 def report(summary: Summary, output: Path) -> str:
