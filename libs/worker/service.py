@@ -147,6 +147,12 @@ class WorkerService:
         async for step in self._run(request_id, prompt, sampling, kv_params):
             last = step
             for sequence in step.sequences:
+                if sequence.finish_reason == "error":
+                    # vLLM failed the request itself (with the "fail" load policy: handed-over
+                    # KV that could not be loaded). Never a quiet, empty "success".
+                    if kv_params is not None:
+                        raise KvTransferFailed("the engine could not load the handed-over KV; prefill again")
+                    raise RuntimeError("the engine failed the request (vLLM finish reason 'error')")
                 completion_tokens += len(sequence.token_ids)
                 if not sequence.token_ids and sequence.finish_reason is None:
                     continue

@@ -29,7 +29,12 @@ INFO = EngineInfo(
 
 
 class FakeEngine:
-    def __init__(self, info: EngineInfo = INFO, token_delay_s: float = 0.0) -> None:
+    def __init__(
+        self, info: EngineInfo = INFO, token_delay_s: float = 0.0, fail_kv_loads: bool = False
+    ) -> None:
+        # fail_kv_loads: requests with handed-over KV end as vLLM ends a failed KV load
+        # under its "fail" policy: no tokens, finish reason "error".
+        self.fail_kv_loads = fail_kv_loads
         self._info = info
         self.token_delay_s = token_delay_s
         self.running: set[str] = set()
@@ -57,6 +62,16 @@ class FakeEngine:
         self._stats.prompt_tokens_external += external
         self._stats.prompt_tokens_computed += len(prompt_token_ids) - external
         n = sampling.get("n", 1)
+        if self.fail_kv_loads and external:
+            yield EngineStep(
+                sequences=tuple(SequenceDelta(i, (), (), "error", None) for i in range(n)),
+                finished=True,
+                num_prompt_tokens=len(prompt_token_ids),
+                num_cached_tokens=0,
+                kv_transfer_params=None,
+            )
+            self.running.discard(request_id)
+            return
         stops = set(sampling.get("stop_token_ids", []))
         try:
             for position in range(sampling["max_tokens"]):

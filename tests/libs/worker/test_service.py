@@ -84,6 +84,17 @@ async def test_decode_with_handoff_loads_external_kv_and_streams() -> None:
     assert decode.stats().prompt_tokens_external == 3
 
 
+async def test_kv_the_engine_could_not_load_is_an_error_not_an_empty_answer() -> None:
+    prefill, _ = make(Role.PREFILL)
+    handoff = (
+        await prefill.prefill(worker_pb2.PrefillRequest(metadata=meta("r"), prompt_token_ids=[5, 6, 7]))
+    ).handoff
+    decode, _ = make(Role.DECODE, FakeEngine(fail_kv_loads=True))
+    request = worker_pb2.GenerateRequest(metadata=meta("r"), prompt_token_ids=[5, 6, 7], handoff=handoff)
+    with pytest.raises(KvTransferFailed, match="could not load the handed-over KV"):
+        await collect(decode, request)
+
+
 async def test_layout_mismatch_is_refused() -> None:
     prefill, _ = make(Role.PREFILL)
     handoff = (
