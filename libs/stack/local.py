@@ -21,6 +21,7 @@ from libs.stack.config import StackConfig, StackRole, usable_cores
 from libs.stack.launcher import LocalStack
 from libs.tokenization.server_config import TokenizerServerConfig
 from libs.worker.config import Role, WorkerConfig
+from libs.worker.speculative import Method, parse_speculative_config
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +62,8 @@ def with_default_groups(config: StackConfig, cores: tuple[int, ...]) -> StackCon
 def worker_config(
     config: StackConfig, role: Role, options: StackRole, index: int, kvstore_address: str | None
 ) -> WorkerConfig:
+    if role is Role.PREFILL:
+        options = replace(options, speculative_config=_prefill_speculative_config(config))
     return compose(
         WorkerConfig,
         (config, ModelFlags),
@@ -71,6 +74,16 @@ def worker_config(
         port=options.port + index if options.port else 0,
         kvstore_address=kvstore_address,
     )
+
+
+def _prefill_speculative_config(config: StackConfig) -> str | None:
+    """A draft model runs on prefill too, not to speculate (prefill emits one token) but so
+    that the draft's KV for the prompt exists: the decode engine holds the draft's KV layers
+    as well, and vLLM's NIXL handoff moves every layer (it refuses unequal layer counts)."""
+    decode = config.decode.speculative_config
+    if decode and parse_speculative_config(decode).method is Method.DRAFT_MODEL:
+        return decode
+    return None
 
 
 def _start_kvstore(config: StackConfig, stack: LocalStack) -> str | None:

@@ -17,7 +17,7 @@ from libs.config.groups import (
     RoleFlags,
     ServerFlags,
 )
-from libs.worker.speculative import SpeculativeSpec, parse_speculative_config
+from libs.worker.speculative import Method, SpeculativeSpec, parse_speculative_config
 
 
 class Role(enum.Enum):
@@ -66,14 +66,15 @@ class WorkerConfig(ServerFlags, LoggingFlags, ModelFlags, EngineFlags, RoleFlags
             raise ConfigError("--nixl-progress-delay-us", self.nixl_progress_delay_us, "0 or more")
         if self.kvstore_chunk_tokens <= 0:
             raise ConfigError("--kvstore-chunk-tokens", self.kvstore_chunk_tokens, "a positive integer")
-        if self.speculative_config and self.role is Role.PREFILL:
-            raise ConfigError(
-                "--speculative-config",
-                self.speculative_config,
-                "decode or both role (prefill emits one token)",
-            )
         if self.speculative_config:
-            parse_speculative_config(self.speculative_config)  # a bad key fails here, at start-up
+            spec = parse_speculative_config(self.speculative_config)  # a bad key fails here, at start-up
+            if self.role is Role.PREFILL and spec.method is not Method.DRAFT_MODEL:
+                raise ConfigError(
+                    "--speculative-config",
+                    self.speculative_config,
+                    "unset on a prefill worker (it emits one token); only a draft model is given to "
+                    "prefill, so that its KV for the prompt is computed and handed over too",
+                )
 
     @property
     def speculative(self) -> SpeculativeSpec | None:

@@ -159,12 +159,9 @@ def test_ngram_output_is_the_plain_output_and_drafts_are_accepted(ngram: Run, pl
     assert ngram.spec_decode["mean_accepted_length"] > 1
 
 
-# Known gap: vLLM's NIXL handoff needs the same KV layers on both sides, and a decode engine
-# with a draft model has the draft's layers too ("Number of KV layers must match between
-# prefill and decode"), so every handoff fails and the answer is empty. vLLM's way out is the
-# same speculative config on the prefill worker (it then computes the draft's prompt KV);
-# the local stack does not do that yet. Strict: this fails loudly once it works.
-@pytest.mark.xfail(strict=True, reason="draft model through NIXL P/D: prefill lacks the draft's KV layers")
+# vLLM's NIXL handoff needs the same KV layers on both sides, and a decode engine with a draft
+# model has the draft's layers too, so the local stack gives the prefill worker the draft as
+# well (it computes the draft's prompt KV; libs/stack/local.py).
 def test_reference_draft_model_command_answers_with_the_plain_output(draft: Run, plain: Run) -> None:
     _report("draft model", draft, plain)
     assert "Paris" in draft.chat_reply

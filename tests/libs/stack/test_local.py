@@ -29,6 +29,18 @@ def test_role_flags_reach_that_roles_workers_only() -> None:
     assert parse(WorkerConfig, argv) == decode
 
 
+def test_a_draft_model_goes_to_prefill_too_an_ngram_config_does_not() -> None:
+    draft = '{"speculative_model": "smollm2", "num_speculative_tokens": 3}'
+    config = parse(StackConfig, ["--decode-speculative-config", draft])
+    prefill = worker_config(config, Role.PREFILL, config.prefill, 0, None)
+    decode = worker_config(config, Role.DECODE, config.decode, 0, None)
+    assert prefill.speculative_config == decode.speculative_config == draft
+    ngram = parse(
+        StackConfig, ["--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}']
+    )
+    assert worker_config(ngram, Role.PREFILL, ngram.prefill, 0, None).speculative_config is None
+
+
 def test_default_groups_split_the_usable_cores() -> None:
     assert split_cores((3, 2, 1, 0)) == ((0, 1), (2, 3))
     assert split_cores((5,)) == ((), ())

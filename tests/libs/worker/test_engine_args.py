@@ -98,8 +98,11 @@ def test_kv_cache_bytes_sizes_the_engine_cache_with_a_cpu_default() -> None:
 def test_invalid_configs_fail_with_the_flag_name() -> None:
     with pytest.raises(ConfigError, match="--kv-lease-s: got 2"):
         config(kv_lease_s=2)
-    with pytest.raises(ConfigError, match=r"--speculative-config.*decode or both"):
-        config(role=Role.PREFILL, speculative_config="{}")
+    with pytest.raises(ConfigError, match=r"--speculative-config.*unset on a prefill worker"):
+        config(role=Role.PREFILL, speculative_config='{"method": "ngram", "num_speculative_tokens": 5}')
+    # A draft model is the exception: prefill computes the draft's prompt KV for the handoff.
+    draft = '{"speculative_model": "/models/draft", "num_speculative_tokens": 3}'
+    assert config(role=Role.PREFILL, speculative_config=draft).speculative is not None
     # Checked when the config is made (the worker's start-up), not when vLLM starts.
     with pytest.raises(ConfigError, match=r"--speculative-config key 'num_cores'"):
         config(
