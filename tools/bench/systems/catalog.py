@@ -12,12 +12,16 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from libs.config.flags import render
+from libs.stack.config import StackRole
 from libs.stack.local import split_cores as local_split_cores
 from libs.stack.process import ProcessSpec
+from libs.stack.topology import parse_mode
+from services.gateway.config import GatewayConfig
 from tools.bench.systems.scrape import HistogramProbe
 
 SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "vllm-pd")
@@ -247,30 +251,30 @@ def _plan_vllm_pd(settings: ServingSettings, ports: PortSource) -> SystemPlan:
     )
 
 
-def _gateway_argv(settings: ServingSettings, mode: str, port: int) -> list[str]:
-    return [
-        settings.python, "-m", "services.gateway.main",
-        "--mode", mode,
-        "--host", HOST,
-        "--port", str(port),
-        "--model", str(settings.model_path),
-        "--served-model-name", settings.served_name,
-        "--max-model-len", str(settings.max_model_len),
-        "--dtype", settings.dtype,
-        "--prefill-max-num-seqs", str(settings.max_num_seqs),
-        "--decode-max-num-seqs", str(settings.max_num_seqs),
-        "--startup-timeout-s", str(int(settings.startup_timeout_s)),
-    ]  # fmt: skip
+def _gateway_config(settings: ServingSettings, mode: str, port: int) -> GatewayConfig:
+    role = StackRole(max_num_seqs=settings.max_num_seqs)
+    return GatewayConfig(
+        mode=parse_mode(mode),
+        host=HOST,
+        port=port,
+        model=str(settings.model_path),
+        served_model_name=settings.served_name,
+        max_model_len=settings.max_model_len,
+        dtype=settings.dtype,
+        prefill=role,
+        decode=role,
+        startup_timeout_s=float(int(settings.startup_timeout_s)),
+    )
 
 
 def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> SystemPlan:
     mode, kvstore = _CLEAVE_SYSTEMS[name]
     port = ports()
     url = f"http://{HOST}:{port}"
-    argv = _gateway_argv(settings, mode, port)
+    config = _gateway_config(settings, mode, port)
     if mode == "pd":
         # Colocated workers take the decode options: the one engine gets every core, as vLLM does.
-        argv += ["--decode-device-group", core_list(settings.cores)]
+        config = replace(config, decode=replace(config.decode, device_group=tuple(sorted(settings.cores))))
         description = f"Cleave gateway, one colocated worker on cores {core_list(settings.cores)}"
         probes: tuple[HistogramProbe, ...] = ()
         notes = {
@@ -280,12 +284,11 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
         }
     else:
         prefill_cores, decode_cores = split_cores(settings.cores)
-        argv += [
-            "--prefill-device-group",
-            core_list(prefill_cores),
-            "--decode-device-group",
-            core_list(decode_cores),
-        ]
+        config = replace(
+            config,
+            prefill=replace(config.prefill, device_group=prefill_cores),
+            decode=replace(config.decode, device_group=decode_cores),
+        )
         description = (
             f"Cleave gateway, {mode}: prefill on cores {core_list(prefill_cores)}, "
             f"decode on cores {core_list(decode_cores)}"
@@ -300,9 +303,10 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
         # Prefill workers save full 256-token chunks to the kvstore; the gateway sends a prompt
         # straight to decode when the kvstore holds all but a short tail of it, and the decode
         # worker loads the prefix. The prefill stage's n then counts the requests not skipped.
-        argv += ["--kvstore"]
+        config = replace(config, kvstore=True)
         description += "; a kvstore (CPU tier) shares prompt-prefix KV, prefill skipped on a hit"
-    spec = ProcessSpec(name, tuple(argv), {}, f"{url}/health")
+    argv = (settings.python, "-m", "services.gateway.main", *render(config))
+    spec = ProcessSpec(name, argv, {}, f"{url}/health")
     return SystemPlan(
         name,
         url,
