@@ -30,6 +30,18 @@ class ResolvedModel:
     source: Path
 
 
+def fitted_context_length(asked: int | None, folder: Path) -> int | None:
+    """A requested context length capped at the model's own (None = the model's own); what
+    was asked when the model names no length. Positions past the model's training length
+    give garbage, and vLLM refuses them, so a command line copied from a bigger model's
+    deployment (qaic_disagg's documented one asks for 11264) should not stop the stack."""
+    try:
+        own = context_length(folder)
+    except ValueError:
+        return asked
+    return own if asked is None else min(asked, own)
+
+
 def context_length(folder: Path) -> int:
     """The model's own context length, from its config.json (a vision-language model keeps
     it in `text_config`), as vLLM derives its default max_model_len."""

@@ -13,7 +13,7 @@ import structlog
 
 from libs.models.errors import ModelConversionError
 from libs.models.resolve import resolve_model
-from libs.models.spec import context_length
+from libs.models.spec import fitted_context_length
 from libs.observability.logging import configure_logging
 from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
 from libs.tokenization import Tokenizer
@@ -32,7 +32,9 @@ def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
     return TokenizerServicer(
         tokenizer,
         model=process.served_model_name or resolved.served_name,
-        max_model_len=process.max_model_len or context_length(resolved.path),
+        # As the workers do: the model's own length unless a shorter one is asked for; 0 =
+        # unknown (the gateway checks lengths against the workers' value, not this one).
+        max_model_len=fitted_context_length(process.max_model_len, resolved.path) or 0,
     )
 
 

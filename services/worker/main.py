@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import structlog
 
@@ -19,6 +20,7 @@ from libs.config.errors import ConfigError
 from libs.config.flags import parse
 from libs.models.errors import ModelNotFoundError
 from libs.models.resolve import resolve_model
+from libs.models.spec import fitted_context_length
 from libs.observability.logging import configure_logging
 from libs.observability.metrics import start_metrics_server
 from libs.rpc.deferred import DeferredServicer
@@ -47,9 +49,22 @@ def resolved(config: WorkerConfig) -> WorkerConfig:
         config,
         model=str(model.path),
         served_model_name=config.served_model_name or model.served_name,
+        max_model_len=fitted_max_model_len(config.max_model_len, model.path),
         kv_port=kv_port,
         speculative_config=speculative.to_json() if speculative is not None else None,
     )
+
+
+def fitted_max_model_len(asked: int | None, model_path: Path) -> int | None:
+    """`--max-model-len` capped at the model's own context length, with a warning (None:
+    vLLM takes the model's own)."""
+    fitted = fitted_context_length(asked, model_path)
+    if asked is not None and fitted != asked:
+        log.warning(
+            "--max-model-len exceeds the model's context length; using the model's", asked=asked, used=fitted
+        )
+        return fitted
+    return asked
 
 
 def pin_to_cores(cores: tuple[int, ...]) -> None:

@@ -39,7 +39,7 @@ REPETITIVE = [
 ]
 CHATS = CHAT[:10]
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 5}'
-# qaic_disagg's draft-model launch command (../shared/notes/reference-commands.md) verbatim,
+# qaic_disagg's documented draft-model launch command (its Disaggregated Serving page) verbatim,
 # except --model (smollm2), the device groups (0 / 1) and the draft model (smollm2 itself,
 # which shares the target's tokenizer as a draft must). Its ports are the reference's too.
 REFERENCE_DRAFT_COMMAND = [
