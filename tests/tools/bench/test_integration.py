@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from libs.rpc.ports import free_port
 from tests.tools.bench.fake_openai import MODEL, FakeOpenAI, serve
 from tools.bench.arrival import inter_arrival_gaps
 from tools.bench.config import BenchConfig, Slos, WorkloadConfig
@@ -140,14 +140,8 @@ def replace_model(config: BenchConfig, model: str) -> BenchConfig:
     return BenchConfig(**{**config.__dict__, "model": model})
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_unreachable_url_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--url", f"http://127.0.0.1:{closed_port()}", "--model", MODEL, "--no-progress"])
+    code = main(["--url", f"http://127.0.0.1:{free_port()}", "--model", MODEL, "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("bench: error: cannot reach http://127.0.0.1:") and err.count("\n") == 1

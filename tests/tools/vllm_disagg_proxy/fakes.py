@@ -23,6 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from libs.rpc.ports import free_port
+
 MODEL = "fake-model"
 
 
@@ -141,6 +143,4 @@ def serve_fake(fake: FakeVllm) -> Iterator[FakeVllm]:
 
 def unused_url() -> str:
     """A loopback URL nothing listens on (the port was free a moment ago)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
