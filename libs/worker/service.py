@@ -74,10 +74,6 @@ class WorkerService:
         self._active: set[str] = set()
         self._requests_aborted = 0
 
-    def set_address(self, address: str) -> None:
-        """The gRPC address handoffs name for ReleaseKv/Abort (known once the server is bound)."""
-        self._address = address
-
     # -- prefill ---------------------------------------------------------------------------
     async def prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
         if self._config.role is not Role.PREFILL:
