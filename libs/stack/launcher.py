@@ -173,7 +173,10 @@ class LocalStack:
             await asyncio.sleep(interval_s)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM each child (graceful drain), then SIGKILL what is left, vLLM's engines too."""
-        for service in reversed(self.services):
-            service.running.stop(timeout_s)
+        """SIGTERM every child at once (graceful drains overlap), then SIGKILL what is left by
+        the deadline, vLLM's engines too."""
+        deadline = time.monotonic() + timeout_s
+        known = [(s.running, s.running.begin_stop()) for s in reversed(self.services)]
+        for running, descendants in known:
+            running.finish_stop(descendants, max(0.1, deadline - time.monotonic()))
         log.info("local stack stopped")

@@ -103,16 +103,23 @@ class RunningProcess:
         """SIGTERM the server (its own graceful shutdown stops what it started), then SIGKILL
         its process group and every process it started that is still alive, by pid: some
         children (Cleave's local stack) live in process groups of their own."""
-        known = {p.pid: p for p in self.descendants()}
+        self.finish_stop(self.begin_stop(), timeout_s)
+
+    def begin_stop(self) -> list[psutil.Process]:
+        """Sends SIGTERM and returns what the server had started, taken before the signal so
+        that a child reparented while the server exits is still known. Stopping several
+        servers: begin every stop first, so their graceful shutdowns overlap."""
+        known = self.descendants()
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                print(
-                    f"cleave: {self.spec.name} ignored SIGTERM for {timeout_s:.0f}s; killing", file=sys.stderr
-                )
+        return known
+
+    def finish_stop(self, known: list[psutil.Process], timeout_s: float) -> None:
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"cleave: {self.spec.name} ignored SIGTERM for {timeout_s:.0f}s; killing", file=sys.stderr)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
@@ -120,7 +127,7 @@ class RunningProcess:
         self.process.wait()
         # Children that outlived the leader were reparented; the handles taken before the stop
         # still name them (psutil checks the pid was not reused).
-        leftovers = [p for p in known.values() if p.is_running()]
+        leftovers = [p for p in known if p.is_running()]
         for child in leftovers:
             with contextlib.suppress(psutil.Error):
                 child.kill()
