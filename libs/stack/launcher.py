@@ -10,6 +10,7 @@ so the same code and packages serve under `bazel run` and from a checkout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import httpx
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -78,6 +80,33 @@ class Service:
                 raise self.running.failure(f"did not bind a port in {timeout_s:.0f}s")
             time.sleep(0.1)
         return self.address
+
+    def wait_http_ready(self, timeout_s: float, *, health_path: str = "/health", label: str = "") -> str:
+        """For an HTTP server (the gateway): its base URL once `health_path` answers 200, read
+        from the port it reported. Raises LaunchError, with its log's end, if it exits or the
+        timeout passes; with a `label`, prints progress while models load."""
+        last_report = self.started_at
+        while True:
+            code = self.running.exit_code()
+            if code is not None:
+                raise self.running.failure(f"exited with code {code} while starting")
+            if self.port is not None:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"http://{self.address}{health_path}", timeout=2).status_code == 200:
+                        self.ready_after_s = time.monotonic() - self.started_at
+                        return f"http://{self.address}"
+            now = time.monotonic()
+            if now - self.started_at > timeout_s:
+                raise self.running.failure(f"not healthy after {timeout_s:.0f}s")
+            if label and now - last_report >= PROGRESS_EVERY_S:
+                elapsed = now - self.started_at
+                print(
+                    f"{label}: loading… {elapsed:.0f}s (log: {self.running.log_path})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                last_report = now
+            time.sleep(0.5)
 
     async def check(self) -> bool:
         """True once serving; raises LaunchError (with its log's end) if the process died."""

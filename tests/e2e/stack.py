@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import grpc
-import httpx
 import psutil
 
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -44,7 +43,7 @@ def start_gateway_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Servic
              "--cache-dir", str(cache_dir), *extra]  # fmt: skip
     service = start("gateway", "services.gateway.main", parse(GatewayConfig, flags))
     try:
-        base_url = wait_http_ready(service, timeout_s=900)
+        base_url = service.wait_http_ready(900)
     except BaseException:
         _stop_tree(service)
         raise
@@ -77,24 +76,6 @@ def _stop_tree(service: Service) -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error, ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     return list(alive)
-
-
-def wait_http_ready(service: Service, timeout_s: float) -> str:
-    """The gateway's base URL once /health answers 200 (its port comes from its port file)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if service.process.poll() is not None:
-            raise RuntimeError(f"gateway exited with {service.process.returncode}:\n{service.log_tail(60)}")
-        if service.port is not None:
-            base_url = f"http://{service.address}"
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    service.ready_after_s = time.monotonic() - service.started_at
-                    return base_url
-            except httpx.HTTPError:
-                pass
-        time.sleep(1)
-    raise TimeoutError(f"gateway not ready after {timeout_s}s:\n{service.log_tail(60)}")
 
 
 async def stored_chunks(kvstore_address: str, at_least: int, timeout_s: float = 20.0) -> int:

@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from libs.config.flags import parse
 from libs.stack.launcher import Service, start_service
 from services.gateway.config import GatewayConfig
-from tools.bench.stack_cycles import wait_healthy
 
 # Text whose continuation repeats what the prompt already holds: the n-gram drafter's case.
 PROMPTS = [
@@ -73,7 +72,7 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
         f"gateway-{name}", "gateway", "services.gateway.main", parse(GatewayConfig, flags), log_dir
     )
     try:
-        base_url = wait_healthy(service, args.timeout_s)
+        base_url = service.wait_http_ready(args.timeout_s)
         served = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
 
         def complete(prompt: str, max_tokens: int) -> int:

@@ -18,24 +18,9 @@ import httpx
 import psutil
 
 from libs.config.flags import parse
-from libs.stack.launcher import Service, start_service
+from libs.stack.launcher import start_service
+from libs.stack.process import LaunchError
 from services.gateway.config import GatewayConfig
-
-
-def wait_healthy(service: Service, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        code = service.running.exit_code()
-        if code is not None:
-            raise RuntimeError(f"gateway exited with {code}:\n{service.log_tail(30)}")
-        if service.port is not None:
-            try:
-                if httpx.get(f"http://{service.address}/health", timeout=2).status_code == 200:
-                    return f"http://{service.address}"
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.5)
-    raise TimeoutError(f"not healthy after {timeout_s:.0f}s:\n{service.log_tail(30)}")
 
 
 def one_cycle(index: int, args: argparse.Namespace, log_dir: Path) -> tuple[float, int]:
@@ -45,7 +30,7 @@ def one_cycle(index: int, args: argparse.Namespace, log_dir: Path) -> tuple[floa
     started = time.monotonic()
     service = start_service(f"gateway-{index}", "gateway", "services.gateway.main", config, log_dir)
     try:
-        base_url = wait_healthy(service, args.timeout_s)
+        base_url = service.wait_http_ready(args.timeout_s)
         ready_s = time.monotonic() - started
         served = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
         reply = httpx.post(
@@ -75,7 +60,7 @@ def main() -> int:
     for index in range(args.cycles):
         try:
             ready_s, left = one_cycle(index, args, log_dir)
-        except (RuntimeError, TimeoutError, httpx.HTTPError) as error:
+        except (LaunchError, httpx.HTTPError) as error:
             print(f"cycle {index + 1}: FAILED: {error}", flush=True)
             continue
         healthy += 1
