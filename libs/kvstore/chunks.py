@@ -6,6 +6,11 @@ A stored blob is self-describing: MAGIC, a crc32c of the rest, then the serializ
 chunk that was asked for, so a torn disk write, a bit flip, or a foreign value under our
 Redis key is rejected instead of served. The blob crc covers the key and shape too, not only
 the tensor bytes that KvChunk.crc32c covers.
+
+With an auth key (libs/kvstore/auth.py) the blob is AUTH_MAGIC, the crc, an HMAC-SHA256 tag
+over the cache key and the payload, then the payload. Reads from disk and Redis then
+require a valid tag (a plain blob is refused too: it could be planted); reads from the
+in-process CPU tier check the crc only, since every copy there was checked on its way in.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from google.protobuf.message import DecodeError
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
+from libs.kvstore.auth import TAG_BYTES, ChunkSealer
 from libs.kvstore.identity import InvalidKey, check_key, same_identity
 
 MAGIC = b"CKV1"
+AUTH_MAGIC = b"CKA1"
 _HEADER = struct.Struct("<4sI")
+_AUTH_HEADER = struct.Struct(f"<4sI{TAG_BYTES}s")
 
 ELEMENT_BYTES = {
     common_pb2.DTYPE_FLOAT32: 4,
@@ -42,6 +50,7 @@ class RejectReason(StrEnum):
     MALFORMED = "malformed"  # bad key, impossible shape or sizes, unreadable blob
     TOO_LARGE = "too_large"  # more than the CPU tier can stage
     NO_MEMORY = "no_memory"  # the CPU tier had no evictable room to stage it
+    AUTH = "auth"  # no valid HMAC tag while an auth key is configured (or a tag and no key)
 
 
 class ChunkRejected(Exception):
@@ -104,20 +113,42 @@ def check_chunk(
         raise ChunkRejected(RejectReason.CRC, "crc32c does not match kv.data and kv.mx_scales")
 
 
-def encode_blob(chunk: kvstore_pb2.KvChunk) -> bytes:
+def encode_blob(chunk: kvstore_pb2.KvChunk, sealer: ChunkSealer | None = None) -> bytes:
     payload = chunk.SerializeToString(deterministic=True)
-    return _HEADER.pack(MAGIC, google_crc32c.value(payload)) + payload
+    crc = google_crc32c.value(payload)
+    if sealer is None:
+        return _HEADER.pack(MAGIC, crc) + payload
+    return _AUTH_HEADER.pack(AUTH_MAGIC, crc, sealer.tag(chunk.key, payload)) + payload
 
 
-def decode_blob(blob: bytes, expected: kvstore_pb2.ChunkKey) -> kvstore_pb2.KvChunk:
-    """The chunk in `blob`, or ChunkRejected if the blob is damaged or is another chunk."""
+def decode_blob(
+    blob: bytes,
+    expected: kvstore_pb2.ChunkKey,
+    sealer: ChunkSealer | None = None,
+    *,
+    authenticate: bool = True,
+) -> kvstore_pb2.KvChunk:
+    """The chunk in `blob`, or ChunkRejected if the blob is damaged, is another chunk, or
+    (with a `sealer` and `authenticate`) lacks a valid tag for `expected`."""
     # bytes, not memoryviews: google_crc32c and upb's parser both refuse memoryviews.
     if len(blob) < _HEADER.size:
         raise ChunkRejected(RejectReason.MALFORMED, f"blob of {len(blob)} bytes has no header")
     magic, crc = _HEADER.unpack_from(blob)
-    if magic != MAGIC:
+    if magic == MAGIC:
+        if sealer is not None and authenticate:
+            raise ChunkRejected(RejectReason.AUTH, "stored blob has no tag, and this store requires one")
+        payload = blob[_HEADER.size :]
+    elif magic == AUTH_MAGIC:
+        if sealer is None:
+            raise ChunkRejected(RejectReason.AUTH, "stored blob is tagged, and this store has no auth key")
+        if len(blob) < _AUTH_HEADER.size:
+            raise ChunkRejected(RejectReason.MALFORMED, f"tagged blob of {len(blob)} bytes has no header")
+        _magic, crc, tag = _AUTH_HEADER.unpack_from(blob)
+        payload = blob[_AUTH_HEADER.size :]
+        if authenticate and not sealer.verify(expected, payload, tag):
+            raise ChunkRejected(RejectReason.AUTH, "stored blob fails its HMAC tag")
+    else:
         raise ChunkRejected(RejectReason.MALFORMED, f"blob starts with {magic!r}, not {MAGIC!r}")
-    payload = blob[_HEADER.size :]
     if google_crc32c.value(payload) != crc:
         raise ChunkRejected(RejectReason.CRC, "stored blob fails its crc32c")
     chunk = kvstore_pb2.KvChunk()

@@ -26,6 +26,13 @@ class KvStoreConfig:
     disk_dir: Path | None = flag(None, codec=PATH, help="local disk tier directory (unset = no disk tier)")
     disk_bytes: int = flag(10 << 30, codec=BYTES, help="local disk tier bound")
     redis_url: str | None = flag(None, help="remote tier, e.g. redis://127.0.0.1:6379 (unset = none)")
+    # A file, not the key: a command line is visible to every local user (ps, /proc).
+    kv_auth_key_file: Path | None = flag(
+        None,
+        codec=PATH,
+        help="file holding the HMAC key chunks on disk and in Redis are tagged with "
+        "(unset = untagged); every kvstore sharing a Redis needs the same key",
+    )
     chunk_tokens: int = flag(
         DEFAULT_CHUNK_TOKENS,
         codec=POSITIVE_INT,

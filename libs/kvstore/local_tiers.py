@@ -14,12 +14,16 @@ Gaps filled here:
 * Disk restart: LocalDiskBackend keeps its index in memory only, so a restarted process
   ignores the files its directory still holds. `adopt_files()` indexes them again (oldest
   first, within the byte bound); a file torn by a crash fails the blob crc on first read.
+* Privacy: LMCache creates the directory and its files with the process umask (usually
+  world-readable). KV is the prompt in another form, so the directory is created (or
+  tightened) to 0700 and every chunk file is written 0600.
 * Leases pin the entry object (MemoryObj / DiskCacheMetadata) rather than the key, so an
   unpin can never hit a newer entry stored under the same key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -42,6 +46,14 @@ log = structlog.get_logger(__name__)
 # 1-D uint8, so every tier (Redis metadata, disk index) records their exact length.
 BLOB_FORMAT = MemoryFormat.KV_2TD
 DISK_SUFFIX = ".pt"  # what LocalDiskBackend appends to key.to_string()
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_directory(path: str) -> None:
+    """Creates `path` (and parents) if missing and makes it owner-only."""
+    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+    os.chmod(path, DIR_MODE)
 
 
 def blob_shape(nbytes: int) -> torch.Size:
@@ -114,6 +126,7 @@ class DiskTier(LocalDiskBackend):
         on_evict: Callable[[], None],
         align_bytes: int,
     ) -> None:
+        private_directory(str(config.local_disk))  # before LMCache creates it with the umask
         super().__init__(config, loop, cpu, dst_device="cpu", metadata=metadata)
         self._on_evict = on_evict
         self._align_bytes = align_bytes
@@ -133,6 +146,14 @@ class DiskTier(LocalDiskBackend):
             return None
         self.submit_put_task(key, obj, on_complete_callback=lambda _key: done.set())
         return done if self.exists_in_put_tasks(key) or self.contains(key) else None
+
+    def write_file(self, buffer: Any, path: str) -> None:
+        """LMCache's writer (a plain open(), umask permissions), owner-only. Called on
+        LMCache's disk threads; O_DIRECT is never configured here."""
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "wb") as file:
+            os.fchmod(fd, FILE_MODE)  # a file left by an older process keeps its mode otherwise
+            file.write(buffer)
 
     def read(self, key: CacheEngineKey) -> MemoryObj | None:
         """The stored blob, staged in CPU memory (the caller owns one reference)."""
@@ -191,6 +212,8 @@ class DiskTier(LocalDiskBackend):
             if physical <= budget:
                 budget -= physical
                 adopted.append((path, key, size))
+                with contextlib.suppress(OSError):  # not ours to change: still readable
+                    path.chmod(FILE_MODE)
             else:
                 path.unlink(missing_ok=True)
         with self.disk_lock:

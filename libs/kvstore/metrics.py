@@ -56,6 +56,11 @@ class KvStoreMetrics:
         self._rejected_total = counter(
             "cleave_kvstore_rejected_chunks_total", "Chunks refused on put or dropped on read", ["reason"]
         )
+        self._dropped = counter(
+            "cleave_kvstore_dropped_entries_total",
+            "Stored entries deleted because they could not be read or verified",
+            ["tier", "reason"],
+        )
         self._remote_errors = counter(
             "cleave_kvstore_remote_errors_total", "Redis operations that failed or timed out", ["op"]
         )
@@ -102,6 +107,9 @@ class KvStoreMetrics:
         with self._lock:
             self._rejected += 1
         self._rejected_total.labels(reason).inc()
+
+    def dropped(self, tier: Tier, reason: str) -> None:
+        self._dropped.labels(tier.value, reason).inc()
 
     def remote_error(self, op: str) -> None:
         self._remote_errors.labels(op).inc()

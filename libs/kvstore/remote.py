@@ -7,9 +7,15 @@ InstrumentedRemoteConnector.
 
 Gaps filled here:
 * Errors vs misses: RemoteBackend.get_blocking() and contains() turn every Redis error into
-  "not found" (a warning log). Reads here call the connector so that an error marks Redis
+  "not found" (a warning log). Reads here call Redis directly so that an error marks Redis
   down: then it is skipped (memory and disk keep serving) until a probe finds it back,
   instead of paying a timeout on every request.
+* Bad entries vs a bad Redis: RedisConnector.get() decodes the metadata value and copies
+  the value into a buffer sized by it, inside the same call that talks to Redis, so a
+  garbled entry raised like a dead connection and took the tier offline again after every
+  probe (and leaked the staging buffer). read() fetches both values in one MGET (only that
+  can mark Redis down) and checks them here: an entry that does not decode raises
+  UnreadableEntry, which the store answers by deleting it and counting it.
 * Health: RedisConnector has no ping (support_ping() is False); the redis client it holds
   is pinged directly, at most every `probe_interval_s`.
 * Timeouts: the URL gets socket timeouts unless it sets its own, so a Redis host that
@@ -36,6 +42,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import structlog
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
 from libs.kvstore.local_tiers import CpuTier
@@ -57,6 +64,10 @@ class RemoteUnavailable(Exception):
     """Redis failed or is known to be down; callers treat the remote tier as empty."""
 
 
+class UnreadableEntry(Exception):
+    """Redis answered, but what it holds under a key is not a chunk this store wrote."""
+
+
 class RemoteTier:
     def __init__(
         self,
@@ -69,9 +80,12 @@ class RemoteTier:
         probe_interval_s: float,
         on_error: Callable[[str], None],
         on_available: Callable[[bool], None],
+        max_blob_bytes: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._loop = loop
+        self._cpu = cpu
+        self._max_blob_bytes = max_blob_bytes
         self.backend = RemoteBackend(config, metadata, loop, cpu, dst_device="cpu")
         if self.backend.connection is None:  # LMCache logged why
             raise RuntimeError(f"LMCache could not create a connector for {config.remote_url}")
@@ -145,9 +159,25 @@ class RemoteTier:
         return bool(self._run(self._connector.exists(key), "exists"))
 
     def read(self, key: CacheEngineKey) -> MemoryObj | None:
-        """The stored blob staged in CPU memory (caller owns one reference); None if absent."""
-        obj: MemoryObj | None = self._run(self._connector.get(key), "get")
+        """The stored blob staged in CPU memory (caller owns one reference); None if absent
+        or if the CPU tier has no room to stage it. Raises RemoteUnavailable (Redis failed)
+        or UnreadableEntry (the entry is not one of ours; the caller deletes it)."""
+        name = key.to_string()
+        metadata, blob = self._run(self._fetch(name), "get")
+        if metadata is None:
+            return None  # absent, or a put between its two SETs (the value is written first)
+        if blob is None:
+            # Redis evicted the value but not its metadata (LMCache's reader drops it too).
+            self.delete(key)
+            return None
+        check_entry(metadata, blob, self._max_blob_bytes)
+        obj: MemoryObj | None = self._cpu.stage(blob)
         return obj
+
+    async def _fetch(self, name: str) -> tuple[bytes | None, bytes | None]:
+        async with self._redis.sem:  # the connector's bound on concurrent connections
+            values = await self._redis.connection.mget([name + "metadata", name + "kv_bytes"])
+        return values[0], values[1]
 
     def write(self, key: CacheEngineKey, obj: MemoryObj) -> Future[Any]:
         """Starts a write; the future completes when Redis holds the chunk. A failure marks
@@ -178,3 +208,16 @@ class RemoteTier:
             future.result(self._timeout_s)
         except Exception as error:
             log.warning("closing the redis connection failed", error=str(error))
+
+
+def check_entry(metadata: bytes, blob: bytes, max_blob_bytes: int) -> None:
+    """Raises UnreadableEntry unless `metadata` is LMCache's RemoteMetadata for a blob of
+    exactly len(blob) bytes, within the store's chunk bound."""
+    if len(blob) > max_blob_bytes:
+        raise UnreadableEntry(f"value of {len(blob)} bytes is larger than any chunk ({max_blob_bytes})")
+    try:
+        length = RemoteMetadata.deserialize(memoryview(metadata)).length
+    except Exception as error:  # struct.error, ValueError, KeyError: all "not LMCache's"
+        raise UnreadableEntry(f"metadata does not decode: {type(error).__name__}") from None
+    if length != len(blob):
+        raise UnreadableEntry(f"metadata says {length} bytes, the value has {len(blob)}")

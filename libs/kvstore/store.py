@@ -31,13 +31,14 @@ from prometheus_client import CollectorRegistry
 
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
+from libs.kvstore.auth import ChunkSealer
 from libs.kvstore.chunks import ChunkRejected, RejectReason, check_chunk, decode_blob, encode_blob
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.identity import InvalidKey, layout_fingerprint
 from libs.kvstore.keys import ChunkKeyer, engine_key
 from libs.kvstore.leases import Lease, LeaseTable
 from libs.kvstore.metrics import KvStoreMetrics, Tier, TierCounts
-from libs.kvstore.remote import RemoteUnavailable
+from libs.kvstore.remote import RemoteUnavailable, UnreadableEntry
 from libs.kvstore.tiers import Tiers
 
 log = structlog.get_logger(__name__)
@@ -113,6 +114,9 @@ class KvStore:
         self._wall_clock = wall_clock
         self._metrics = KvStoreMetrics(registry)
         self._keyer = ChunkKeyer(config.chunk_tokens)
+        self._sealer = (
+            ChunkSealer.from_file(config.kv_auth_key_file) if config.kv_auth_key_file is not None else None
+        )
         self._leases = LeaseTable()
         self._tiers = Tiers.open(config, self._metrics, clock)
         self._closed = False
@@ -164,7 +168,7 @@ class KvStore:
     ) -> tuple[PutOutcome, list[_PendingWrite]]:
         check_chunk(chunk, layout, fingerprint, self.config.chunk_tokens)
         key = engine_key(chunk.key)
-        blob = encode_blob(chunk)
+        blob = encode_blob(chunk, self._sealer)
         if len(blob) > self.config.max_chunk_bytes:
             raise ChunkRejected(
                 RejectReason.TOO_LARGE,
@@ -273,6 +277,12 @@ class KvStore:
                 obj = remote.read(stored_key)
             except RemoteUnavailable:
                 obj = None
+            except UnreadableEntry as error:
+                # Not Redis' fault: one foreign or garbled value. Drop it; the tier stays up.
+                self._reject(ChunkRejected(RejectReason.MALFORMED, str(error)), key, "read from remote")
+                self._metrics.dropped(Tier.REMOTE, RejectReason.MALFORMED.value)
+                remote.delete(stored_key)
+                obj = None
             if obj is None:
                 self._metrics.miss(Tier.REMOTE)
             else:
@@ -287,9 +297,11 @@ class KvStore:
         self, blob: bytes, key: kvstore_pb2.ChunkKey, tier: Tier, drop: Callable[[], None]
     ) -> kvstore_pb2.KvChunk | None:
         try:
-            chunk = decode_blob(blob, key)
+            # Copies in CPU memory were checked on their way in (put or promotion).
+            chunk = decode_blob(blob, key, self._sealer, authenticate=tier is not Tier.CPU)
         except ChunkRejected as rejection:
             self._reject(rejection, key, f"read from {tier.value}")
+            self._metrics.dropped(tier, rejection.reason.value)
             self._metrics.miss(tier)
             drop()
             return None

@@ -119,6 +119,7 @@ class Tiers:
                 loop,
                 cpu,
                 timeout_s=config.remote_timeout_s,
+                max_blob_bytes=config.max_chunk_bytes,
                 probe_interval_s=config.remote_probe_interval_s,
                 on_error=metrics.remote_error,
                 on_available=lambda up: metrics.available.labels(Tier.REMOTE.value).set(int(up)),
