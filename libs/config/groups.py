@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, PORT, POSITIVE_INT
-from libs.config.flags import PATH, flag
+from libs.config.flags import FLOAT, PATH, flag
 from libs.models.spec import DEFAULT_MODEL
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "cleave"
@@ -96,3 +96,37 @@ class KvStoreClientFlags:
         None, help="host:port of the kvstore (fleet-wide prefix KV); unset = none"
     )
     kvstore_chunk_tokens: int = flag(256, codec=POSITIVE_INT, help="must equal the kvstore's --chunk-tokens")
+    # vLLM's scheduler and model runner wait on these calls: a slow kvstore costs each engine
+    # step at most this, then the prompt is computed here instead.
+    kvstore_timeout_s: float = flag(
+        2.0, codec=FLOAT, help="deadline of each kvstore call the engine waits on (Lookup, Get), seconds"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpcSecurityFlags:
+    """Who may call Cleave's gRPC services, for every server and for the channels a service
+    opens to the others. Only file paths are flags (argv is readable by every local user);
+    the material is read by `libs.rpc.security.load_security` at the process's edge. The
+    gateway renders this group into every child of its local stack."""
+
+    grpc_reflection: bool = flag(False, help="serve gRPC server reflection (lists services; off by default)")
+    grpc_tls_cert_file: Path | None = flag(
+        None, codec=PATH, help="PEM certificate chain: servers serve TLS with it, clients present it (mTLS)"
+    )
+    grpc_tls_key_file: Path | None = flag(None, codec=PATH, help="PEM private key of --grpc-tls-cert-file")
+    grpc_tls_ca_file: Path | None = flag(
+        None,
+        codec=PATH,
+        help="PEM CA bundle: clients verify servers with it; servers then require client certificates "
+        "(mTLS); clients use TLS when this or a certificate is given",
+    )
+    grpc_tls_server_name: str | None = flag(
+        None, help="name clients check in servers' certificates instead of the address's host"
+    )
+    grpc_token_file: Path | None = flag(
+        None,
+        codec=PATH,
+        help="file holding a shared token: servers refuse calls without 'authorization: Bearer "
+        "<token>' (health checks excepted), clients send it (else env CLEAVE_GRPC_TOKEN)",
+    )

@@ -1,18 +1,31 @@
-"""Client channels: Cleave's message limits, keepalive and request-id propagation."""
+"""Client channels: Cleave's message limits, keepalive, request-id propagation and, when
+configured, TLS/mTLS and the shared bearer token (security.py)."""
 
 from __future__ import annotations
 
 import grpc.aio
 
+from libs.rpc.auth import token_client_interceptors
 from libs.rpc.options import RpcOptions
 from libs.rpc.request_id import request_id_client_interceptors
+from libs.rpc.security import RpcSecurity
 
 
-def open_channel(address: str, options: RpcOptions | None = None) -> grpc.aio.Channel:
-    """An insecure channel to `address` (host:port). Cleave's services talk on a trusted
-    network or loopback; TLS termination belongs to the gateway's ingress."""
-    return grpc.aio.insecure_channel(
-        address,
-        options=(options or RpcOptions()).as_grpc_options(),
-        interceptors=request_id_client_interceptors(),
-    )
+def open_channel(
+    address: str, options: RpcOptions | None = None, security: RpcSecurity | None = None
+) -> grpc.aio.Channel:
+    """A channel to `address` (host:port): plaintext unless `security` has TLS material
+    (Cleave's services then talk TLS or mTLS to each other), with the token on every call
+    when `security` has one."""
+    security = security or RpcSecurity()
+    grpc_options: list[tuple[str, int | str]] = [
+        *(options or RpcOptions()).as_grpc_options(),
+        *security.channel_options(),
+    ]
+    interceptors = request_id_client_interceptors()
+    if security.token:
+        interceptors += token_client_interceptors(security.token)
+    credentials = security.channel_credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=grpc_options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, options=grpc_options, interceptors=interceptors)

@@ -1,5 +1,6 @@
-"""A grpc.aio server with what every Cleave service needs: health, reflection, request ids,
-message limits, and a graceful shutdown that stops advertising health before draining."""
+"""A grpc.aio server with what every Cleave service needs: health, request ids, message
+limits, optional TLS/mTLS and bearer token (security.py, auth.py), reflection only when asked
+for, and a graceful shutdown that stops advertising health before draining."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from libs.rpc.auth import TokenAuthServerInterceptor
 from libs.rpc.options import RpcOptions
 from libs.rpc.ports import write_port_file
 from libs.rpc.request_id import RequestIdServerInterceptor
+from libs.rpc.security import RpcSecurity
 
 log = structlog.get_logger(__name__)
 
@@ -36,7 +39,9 @@ class ServerConfig:
     rpc: RpcOptions = field(default_factory=RpcOptions)
     # How long in-flight RPCs may finish after a stop is requested.
     shutdown_grace_s: float = 10.0
-    reflection: bool = True
+    # Off by default: reflection hands any caller the full API (--grpc-reflection).
+    reflection: bool = False
+    security: RpcSecurity = field(default_factory=RpcSecurity)
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,11 @@ class GrpcServer:
     def __init__(self, config: ServerConfig, services: Sequence[ServiceBinding]) -> None:
         self._config = config
         self._services = tuple(services)
-        self._server = grpc.aio.server(
-            options=config.rpc.as_grpc_options(),
-            interceptors=[RequestIdServerInterceptor()],
-        )
+        interceptors: list[grpc.aio.ServerInterceptor] = [RequestIdServerInterceptor()]
+        if config.security.token:
+            # First, so nothing runs for a call that is refused.
+            interceptors.insert(0, TokenAuthServerInterceptor(config.security.token))
+        self._server = grpc.aio.server(options=config.rpc.as_grpc_options(), interceptors=interceptors)
         self._health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         for service in self._services:
@@ -76,14 +82,26 @@ class GrpcServer:
 
     async def start(self, *, serving: bool = True) -> None:
         """Binds and starts; `serving=False` answers health NOT_SERVING until set_serving."""
-        self._port = self._server.add_insecure_port(f"{self._config.host}:{self._config.port}")
+        where = f"{self._config.host}:{self._config.port}"
+        credentials = self._config.security.server_credentials()
+        if credentials is None:
+            self._port = self._server.add_insecure_port(where)
+        else:
+            self._port = self._server.add_secure_port(where, credentials)
         if self._port == 0:
             raise OSError(f"could not bind gRPC server to {self._config.host}:{self._config.port}")
         await self._server.start()
         await self.set_serving(serving)
         if self._config.port_file is not None:
             write_port_file(self._config.port_file, self._port)
-        log.info("grpc server started", address=self.address, services=[s.full_name for s in self._services])
+        log.info(
+            "grpc server started",
+            address=self.address,
+            services=[s.full_name for s in self._services],
+            transport=self._config.security.server_transport,
+            token=bool(self._config.security.token),
+            reflection=self._config.reflection,
+        )
 
     async def set_serving(self, serving: bool) -> None:
         """Health of the whole server ("") and of each service."""

@@ -1,4 +1,4 @@
-"""Standard gRPC health and reflection over loopback, and graceful shutdown."""
+"""Standard gRPC health and reflection (when enabled) over loopback, and graceful shutdown."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ async def test_unknown_service_is_not_found() -> None:
         await server.stop()
 
 
-async def test_reflection_lists_services() -> None:
-    server = make_server()
+async def test_reflection_when_enabled_lists_services() -> None:
+    server = make_server(reflection=True)
     await server.start()
     try:
         async with open_channel(server.address) as channel:
