@@ -3,6 +3,9 @@
 vLLM calls connectors synchronously from its scheduler loop and model runner, so this
 client is the sync gRPC API over one channel. Every failure becomes KvStoreUnavailable with
 the gRPC status in its message; callers fall back to recomputing, never fail a request.
+Lookup and Get (which the engine waits on) each have one deadline, `timeout_s` for the whole
+call however many chunks it streams, so a slow kvstore delays an engine step by at most
+that; Put runs in the background saver and gets `timeout_s` per chunk.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class KvStoreClient:
             metadata=common_pb2.RequestMetadata(request_id=request_id), keys=keys
         )
         try:
-            for response in self._stub.Get(request, timeout=self._timeout_s * (1 + len(keys))):
+            for response in self._stub.Get(request, timeout=self._timeout_s):
                 yield response.chunk
         except grpc.RpcError as error:
             raise _unavailable("Get", error) from None

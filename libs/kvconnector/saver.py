@@ -17,7 +17,7 @@ import torch
 
 from cleave.kvstore.v1 import kvstore_pb2
 from libs.kvconnector import paged
-from libs.kvconnector.client import KvStoreClient, KvStoreUnavailable
+from libs.kvconnector.client import KvStoreClient
 from libs.kvconnector.counters import CounterBox
 from libs.kvstore.chunks import tensor_crc32c
 
@@ -83,13 +83,13 @@ class BackgroundSaver:
 
     def _send(self, client: KvStoreClient, items: list[SaveItem]) -> None:
         chunks = []
-        for _request_id, key, tensor in items:
-            kv = paged.to_proto(tensor, encode_mxint8=self._encode_mxint8)
-            chunks.append(kvstore_pb2.KvChunk(key=key, kv=kv, crc32c=tensor_crc32c(kv)))
         try:
+            for _request_id, key, tensor in items:
+                kv = paged.to_proto(tensor, encode_mxint8=self._encode_mxint8)
+                chunks.append(kvstore_pb2.KvChunk(key=key, kv=kv, crc32c=tensor_crc32c(kv)))
             response = client.put(items[0][0], chunks)
-        except KvStoreUnavailable as error:
-            self._counters.add(save_failures=len(chunks))
+        except Exception as error:  # anything: this thread must keep serving later saves
+            self._counters.add(save_failures=len(items))
             log.warning("KV chunks not saved to the kvstore: %s", error)
             return
         if response.rejected:

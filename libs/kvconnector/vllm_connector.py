@@ -11,9 +11,12 @@ after it copies newly computed full chunks out and hands them to a background se
 
 It coexists with the NIXL handoff through vLLM's MultiConnector (engine_args.py): NIXL
 claims requests that carry a remote prefill, this connector all the others. Any kvstore
-failure means "compute it here" plus a warning and a counter, never a failed request:
-Lookup failures report no hit (and pause lookups briefly), load failures report the
-affected blocks to vLLM, which recomputes them (kv_load_failure_policy "recompute").
+failure means "compute it here" plus a warning and a counter, never a failed request or a
+dead engine: any exception in a Lookup reports no hit (and pauses lookups briefly), any
+exception while loading (the kvstore, a bad chunk, a tensor that does not fit) reports the
+blocks not yet written to vLLM, which recomputes them (kv_load_failure_policy "recompute",
+get_block_ids_with_load_errors). Every call the engine waits on has a deadline
+(`kvstore_timeout_s`, the worker's --kvstore-timeout-s).
 
 Loaded via vLLM's `kv_connector_module_path`; settings come from kv_connector_extra_config
 (keys in ConnectorSettings).
@@ -164,13 +167,13 @@ class KvStoreConnector(KVConnectorBase_V1):
         if now >= self._skip_lookups_until:
             try:
                 lookup = self._kvstore().lookup(request.request_id, tokens)
-            except KvStoreUnavailable as error:
+            except Exception as error:  # anything: the engine's scheduler must go on
                 self._skip_lookups_until = now + self._settings.retry_after_s
                 self._counters.add(lookup_failures=1)
                 log.warning(
-                    "kvstore unreachable; computing prompts here for %.0f s: %s",
+                    "kvstore lookup failed; computing prompts here for %.0f s: %s",
                     self._settings.retry_after_s,
-                    error,
+                    _describe(error),
                 )
             self._counters.add(lookups=1, lookup_seconds=time.monotonic() - now)
         done = stored_leading_chunks(lookup.matched_tokens, self._settings.chunk_tokens) if lookup else 0
@@ -262,8 +265,8 @@ class KvStoreConnector(KVConnectorBase_V1):
                 loaded_bytes += len(chunk.kv.data) + len(chunk.kv.mx_scales)
                 if loaded_to >= spec.end:
                     break
-        except KvStoreUnavailable as error:
-            log.warning("kvstore load failed; recomputing the rest of the prefix: %s", error)
+        except Exception as error:  # anything: what was not written is recomputed, the engine lives
+            log.warning("kvstore load failed; recomputing the rest of the prefix: %s", _describe(error))
         if loaded_to < spec.end:
             first, last = loaded_to // self._block_size, (spec.end - 1) // self._block_size
             self._failed_blocks.update(spec.block_ids[first : last + 1])
@@ -335,6 +338,12 @@ class KvStoreConnector(KVConnectorBase_V1):
             self._saver.close()
         if self._client is not None:
             self._client.close()
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, KvStoreUnavailable):
+        return str(error)  # already names the call and the gRPC status
+    return f"{type(error).__name__}: {error}"
 
 
 def register() -> None:

@@ -11,6 +11,7 @@ from libs.config.errors import ConfigError
 from libs.config.flags import INT, flag
 from libs.config.groups import (
     EngineFlags,
+    GrpcSecurityFlags,
     KvStoreClientFlags,
     LoggingFlags,
     ModelFlags,
@@ -33,7 +34,9 @@ class Device(enum.Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerConfig(ServerFlags, LoggingFlags, ModelFlags, EngineFlags, RoleFlags, KvStoreClientFlags):
+class WorkerConfig(
+    ServerFlags, LoggingFlags, ModelFlags, EngineFlags, RoleFlags, KvStoreClientFlags, GrpcSecurityFlags
+):
     """Cleave engine worker (vLLM): prefill, decode or both."""
 
     role: Role = flag(Role.BOTH, codec=enum_of(Role), help="prefill, decode or both (colocated)")
@@ -66,6 +69,8 @@ class WorkerConfig(ServerFlags, LoggingFlags, ModelFlags, EngineFlags, RoleFlags
             raise ConfigError("--nixl-progress-delay-us", self.nixl_progress_delay_us, "0 or more")
         if self.kvstore_chunk_tokens <= 0:
             raise ConfigError("--kvstore-chunk-tokens", self.kvstore_chunk_tokens, "a positive integer")
+        if not self.kvstore_timeout_s > 0:
+            raise ConfigError("--kvstore-timeout-s", self.kvstore_timeout_s, "a positive number of seconds")
         if self.speculative_config:
             spec = parse_speculative_config(self.speculative_config)  # a bad key fails here, at start-up
             if self.role is Role.PREFILL and spec.method is not Method.DRAFT_MODEL:

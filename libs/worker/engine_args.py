@@ -108,6 +108,7 @@ def _kvstore_connector(config: WorkerConfig) -> dict[str, Any]:
         "kv_connector_extra_config": {
             "kvstore_address": config.kvstore_address,
             "kvstore_chunk_tokens": config.kvstore_chunk_tokens,
+            "kvstore_timeout_s": config.kvstore_timeout_s,
             "kvstore_save": config.role is not Role.DECODE,
             "kvstore_mxint8": config.kv_cache_dtype == "mxint8" and config.device is not Device.QAIC,
         },

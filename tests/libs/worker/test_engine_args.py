@@ -113,7 +113,9 @@ def test_invalid_configs_fail_with_the_flag_name() -> None:
 
 def test_a_kvstore_joins_nixl_through_multiconnector() -> None:
     kwargs = engine_kwargs(
-        config(role=Role.PREFILL, kvstore_address="127.0.0.1:7000", kvstore_chunk_tokens=128)
+        config(
+            role=Role.PREFILL, kvstore_address="127.0.0.1:7000", kvstore_chunk_tokens=128, kvstore_timeout_s=0.5
+        )
     )
     transfer = kwargs["kv_transfer_config"]
     assert transfer["kv_connector"] == "MultiConnector" and transfer["kv_role"] == "kv_producer"
@@ -124,6 +126,7 @@ def test_a_kvstore_joins_nixl_through_multiconnector() -> None:
     assert kvstore["kv_connector_extra_config"] == {
         "kvstore_address": "127.0.0.1:7000",
         "kvstore_chunk_tokens": 128,
+        "kvstore_timeout_s": 0.5,
         "kvstore_save": True,
         "kvstore_mxint8": False,
     }

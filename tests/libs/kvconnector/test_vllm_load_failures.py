@@ -1,0 +1,108 @@
+"""Whatever goes wrong while the connector loads KV (the kvstore, a bad chunk, a tensor that
+does not fit), vLLM is told which blocks were not written and the engine keeps running."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from cleave.kvstore.v1 import kvstore_pb2
+from libs.kvconnector import paged
+from libs.kvconnector.client import KvStoreUnavailable
+from libs.kvconnector.counters import CounterBox
+from libs.kvconnector.plan import LoadSpec
+from libs.kvconnector.vllm_connector import ConnectorSettings, KvStoreConnector
+from libs.kvstore.chunks import tensor_crc32c
+
+CHUNK = 4
+BLOCK = 2
+LAYERS, HEADS, DIM = 2, 1, 2
+PREFIX_HASHES = [f"{i:064x}" for i in range(1, 4)]
+
+
+def make_chunk(index: int, *, tokens: int = CHUNK, value: float = 1.0) -> kvstore_pb2.KvChunk:
+    dense = torch.full((LAYERS, 2, tokens, HEADS, DIM), value, dtype=torch.float32)
+    kv = paged.to_proto(dense, encode_mxint8=False)
+    key = kvstore_pb2.ChunkKey(prefix_hash=PREFIX_HASHES[index], chunk_index=index, num_tokens=tokens)
+    return kvstore_pb2.KvChunk(key=key, kv=kv, crc32c=tensor_crc32c(kv))
+
+
+class FakeClient:
+    """get() streams `chunks`, then raises `error` (if any)."""
+
+    def __init__(self, chunks: Sequence[kvstore_pb2.KvChunk], error: Exception | None = None) -> None:
+        self.chunks = list(chunks)
+        self.error = error
+
+    def get(self, request_id: str, keys: Sequence[kvstore_pb2.ChunkKey]) -> Iterator[kvstore_pb2.KvChunk]:
+        yield from self.chunks
+        if self.error is not None:
+            raise self.error
+
+    def lookup(self, request_id: str, token_ids: Sequence[int]) -> Any:
+        if self.error is not None:
+            raise self.error
+        raise AssertionError("not used")
+
+
+def connector(client: FakeClient) -> KvStoreConnector:
+    """The connector's worker half without a vLLM engine behind it."""
+    conn = KvStoreConnector.__new__(KvStoreConnector)
+    conn._settings = ConnectorSettings(address="unused", chunk_tokens=CHUNK, save=False, encode_mxint8=False)
+    conn._block_size = BLOCK
+    conn._dtype = torch.float32
+    conn._layers = [torch.zeros(8, HEADS, BLOCK, 2 * DIM) for _ in range(LAYERS)]
+    conn._failed_blocks = set()
+    conn._counters = CounterBox()
+    conn._client = client  # type: ignore[assignment]
+    conn._requests = {}
+    conn._skip_lookups_until = 0.0
+    return conn
+
+
+def spec(num_chunks: int) -> LoadSpec:
+    keys = tuple(make_chunk(i).key for i in range(num_chunks))
+    return LoadSpec(
+        "r", keys, first_token=0, start=0, end=num_chunks * CHUNK, block_ids=tuple(range(2 * num_chunks))
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KvStoreUnavailable("kvstore Get failed: DEADLINE_EXCEEDED"),
+        RuntimeError("stream broke"),
+        MemoryError(),
+    ],
+    ids=["unavailable", "any-error", "memory"],
+)
+def test_an_error_after_the_first_chunk_fails_only_the_blocks_not_written(error: Exception) -> None:
+    conn = connector(FakeClient([make_chunk(0)], error))
+    conn._load(spec(3))
+    assert conn.get_block_ids_with_load_errors() == {2, 3, 4, 5}
+    assert conn.get_block_ids_with_load_errors() == set()  # reported once
+    assert all(bool((layer[0:2] == 1.0).all()) for layer in conn._layers)
+    stats = conn._counters.take()
+    assert stats is not None and stats.data["load_failures"] == 1 and stats.data["tokens_loaded"] == CHUNK
+
+
+def test_a_chunk_whose_tensor_does_not_fit_the_cache_fails_its_blocks() -> None:
+    bad = make_chunk(0)
+    bad.kv.shape[:] = [LAYERS + 1, 2, CHUNK, HEADS, DIM]  # reshape fails in from_proto
+    conn = connector(FakeClient([bad]))
+    conn._load(spec(2))
+    assert conn.get_block_ids_with_load_errors() == {0, 1, 2, 3}
+
+
+def test_a_lookup_that_raises_anything_is_no_hit_and_pauses_lookups() -> None:
+    conn = connector(FakeClient([], ValueError("unexpected answer")))
+    request = type(
+        "Request", (), {"request_id": "r", "prompt_token_ids": list(range(12)), "kv_transfer_params": None}
+    )()
+    assert conn.get_num_new_matched_tokens(request, 0) == (0, False)  # type: ignore[arg-type]
+    assert conn._skip_lookups_until > 0
+    stats = conn._counters.take()
+    assert stats is not None and stats.data["lookup_failures"] == 1
