@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.codecs import PORT, POSITIVE_INT, enum_of
 from libs.config.errors import ConfigError
-from libs.config.flags import INT, flag
+from libs.config.flags import INT, Codec, flag
 from libs.config.groups import (
     EngineFlags,
     GrpcSecurityFlags,
@@ -19,6 +20,25 @@ from libs.config.groups import (
     ServerFlags,
 )
 from libs.worker.speculative import Method, SpeculativeSpec, parse_speculative_config
+
+
+def _parse_hosts(flag_name: str, text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    for host in hosts:
+        if ":" in host and not _is_ip(host.strip("[]")):  # host:port, not an IPv6 address
+            raise ConfigError(flag_name, text, f"comma-separated hosts without ports; bad item {host!r}")
+    return hosts
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+HOSTS: Codec[tuple[str, ...]] = Codec(_parse_hosts, ",".join)
 
 
 class Role(enum.Enum):
@@ -47,6 +67,13 @@ class WorkerConfig(
     kv_host: str = flag("127.0.0.1", help="NIXL side-channel host")
     kv_port: int = flag(0, codec=PORT, help="NIXL side-channel port (0 = a free port picked at start)")
     kv_lease_s: int = flag(30, codec=INT, help="seconds prefilled KV waits for its decode worker")
+    # Decode side: a handoff descriptor makes vLLM connect to its host; see libs/worker/handoff.py.
+    kv_allowed_hosts: tuple[str, ...] = flag(
+        (),
+        codec=HOSTS,
+        help="hosts (comma-separated) whose prefill KV a decode worker pulls, besides loopback "
+        "and its own --kv-host",
+    )
     nixl_progress_delay_us: int = flag(
         1000,
         codec=INT,

@@ -1,12 +1,27 @@
-"""vLLM NixlConnector `kv_transfer_params` <-> the contract's typed KvHandoff."""
+"""vLLM NixlConnector `kv_transfer_params` <-> the contract's typed KvHandoff, and the checks
+a decode worker makes before it acts on a descriptor it was sent.
+
+A descriptor names a host and port that vLLM's NIXL connector will connect to and pull KV
+from (or, for ReleaseKv, notify). Whoever can call a decode worker could otherwise point it
+at any machine, or at KV that no prefill is holding. So a descriptor must carry a lease
+(every prefill sets one; a missing one means it was not made by a prefill) that has not
+expired, and its host must be one the worker was told to trust: loopback, the worker's own
+--kv-host (a prefill on the same machine) or one of --kv-allowed-hosts. Host names are
+compared as written, without DNS.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable
 from typing import Any
 
 from cleave.worker.v1 import worker_pb2
+from libs.worker.errors import InvalidRequest, KvTransferFailed
 
 NIXL = "nixl"
+# A lease further ahead than this was not granted by any prefill (leases last seconds).
+MAX_LEASE_AHEAD_S = 3600.0
 
 
 def handoff_from_params(
@@ -62,3 +77,44 @@ def params_from_handoff(handoff: worker_pb2.KvHandoff) -> dict[str, Any]:
 
 # What a prefill request carries so that vLLM keeps the KV for a remote decode.
 PREFILL_PARAMS: dict[str, Any] = {"do_remote_decode": True}
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def trusted_hosts(kv_host: str, allowed: Iterable[str]) -> frozenset[str]:
+    """Hosts (besides loopback) a decode worker accepts in a descriptor."""
+    return frozenset(h.lower() for h in (kv_host, *allowed) if h)
+
+
+def check_peer(handoff: worker_pb2.KvHandoff, trusted: frozenset[str]) -> None:
+    """Raises InvalidRequest unless the descriptor's NIXL peer is a host this worker trusts."""
+    host = handoff.host
+    if not host or not (is_loopback(host) or host.lower() in trusted):
+        raise InvalidRequest(
+            f"KV handoff names host {host!r}, which this worker does not pull from "
+            "(loopback, its --kv-host and --kv-allowed-hosts)"
+        )
+    if not 0 < handoff.port < 65536:
+        raise InvalidRequest(f"KV handoff names port {handoff.port}, not 1..65535")
+
+
+def check_lease(handoff: worker_pb2.KvHandoff, now_s: float) -> None:
+    """Raises InvalidRequest for a descriptor without a believable lease, KvTransferFailed
+    for one whose lease ran out (vLLM may have reused the blocks: pulling them would yield
+    wrong tokens with no error anywhere on the decode side)."""
+    expires_ms = handoff.lease_expires_unix_ms
+    if expires_ms <= 0:
+        raise InvalidRequest("KV handoff carries no lease; only a prefill's handoff is accepted")
+    if expires_ms / 1000 > now_s + MAX_LEASE_AHEAD_S:
+        raise InvalidRequest("KV handoff's lease ends implausibly far in the future")
+    if now_s * 1000 >= expires_ms:
+        raise KvTransferFailed(
+            f"the KV handoff's lease expired {now_s - expires_ms / 1000:.1f}s ago; prefill again"
+        )

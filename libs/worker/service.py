@@ -19,7 +19,14 @@ from libs.worker import metrics
 from libs.worker.config import Role, WorkerConfig
 from libs.worker.engine import Engine, EngineStep, TokenLogprob
 from libs.worker.errors import InvalidRequest, KvTransferFailed
-from libs.worker.handoff import PREFILL_PARAMS, handoff_from_params, params_from_handoff
+from libs.worker.handoff import (
+    PREFILL_PARAMS,
+    check_lease,
+    check_peer,
+    handoff_from_params,
+    params_from_handoff,
+    trusted_hosts,
+)
 from libs.worker.layout import check_layout, kv_layout
 from libs.worker.sampling import sampling_kwargs
 from libs.worker.speculative import spec_decode_stats
@@ -69,6 +76,7 @@ class WorkerService:
         self._address = address
         self._clock = clock
         self._layout = kv_layout(engine.info)
+        self._trusted_hosts = trusted_hosts(config.kv_host, config.kv_allowed_hosts)
         # Prefill side: request id -> lease expiry (unix seconds) of KV held for a decode.
         self._leases: dict[str, float] = {}
         self._active: set[str] = set()
@@ -184,13 +192,8 @@ class WorkerService:
                 "this worker is colocated (role both) and has no KV connector; send no handoff"
             )
         check_layout(self._layout, request.handoff.layout)
-        expires_ms = request.handoff.lease_expires_unix_ms
-        if expires_ms and self._clock() * 1000 >= expires_ms:
-            # vLLM frees expired blocks and may reuse them; pulling them then yields wrong
-            # tokens with no error anywhere on the decode side. Refuse instead.
-            raise KvTransferFailed(
-                f"the KV handoff's lease expired {self._clock() - expires_ms / 1000:.1f}s ago; prefill again"
-            )
+        check_lease(request.handoff, self._clock())
+        check_peer(request.handoff, self._trusted_hosts)
         try:
             return params_from_handoff(request.handoff)
         except ValueError as error:
@@ -207,6 +210,7 @@ class WorkerService:
     async def release_kv(self, request: worker_pb2.ReleaseKvRequest) -> None:
         if self._config.role is not Role.DECODE:
             raise WrongRole("ReleaseKv is served by decode workers (they own the KV connector's channel)")
+        check_peer(request.handoff, self._trusted_hosts)
         try:
             params = params_from_handoff(request.handoff)
         except ValueError as error:

@@ -50,3 +50,28 @@ def test_missing_keys_and_unknown_transport_are_errors() -> None:
     handoff.transport = "mooncake"
     with pytest.raises(ValueError, match="unsupported KV transport 'mooncake'"):
         params_from_handoff(handoff)
+
+
+def test_a_decode_workers_trusted_hosts_round_trip_and_refuse_ports() -> None:
+    from libs.config.errors import ConfigError
+    from libs.config.flags import parse, render
+    from libs.worker.config import WorkerConfig
+
+    config = parse(WorkerConfig, ["--model", "m", "--kv-allowed-hosts", "10.0.0.1, prefill-a,::1"])
+    assert config.kv_allowed_hosts == ("10.0.0.1", "prefill-a", "::1")
+    assert parse(WorkerConfig, render(config)) == config
+    with pytest.raises(ConfigError, match="without ports"):
+        parse(WorkerConfig, ["--model", "m", "--kv-allowed-hosts", "prefill-a:5600"])
+
+
+def test_lease_checks_at_their_edges() -> None:
+    from libs.worker.errors import InvalidRequest, KvTransferFailed
+    from libs.worker.handoff import check_lease
+
+    handoff = handoff_from_params(PREFILL_OUTPUT, lease_expires_unix_ms=10_000, worker_address="")
+    check_lease(handoff, now_s=9.999)
+    with pytest.raises(KvTransferFailed, match="expired"):
+        check_lease(handoff, now_s=10.0)
+    handoff.lease_expires_unix_ms = 0
+    with pytest.raises(InvalidRequest, match="no lease"):
+        check_lease(handoff, now_s=0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -213,3 +214,60 @@ async def test_expired_handoff_is_refused_not_pulled() -> None:
             decode, worker_pb2.GenerateRequest(metadata=meta("x"), prompt_token_ids=[1, 2], handoff=handoff)
         )
     assert engine.calls == []
+
+
+async def prefilled_handoff() -> worker_pb2.KvHandoff:
+    prefill, _ = make(Role.PREFILL)
+    response = await prefill.prefill(worker_pb2.PrefillRequest(metadata=meta("r"), prompt_token_ids=[1, 2]))
+    return response.handoff
+
+
+@pytest.mark.parametrize(
+    ("forge", "message"),
+    [
+        (lambda h: h.ClearField("lease_expires_unix_ms"), "carries no lease"),
+        (lambda h: setattr(h, "lease_expires_unix_ms", 10**15), "implausibly far"),
+        (lambda h: setattr(h, "host", "203.0.113.7"), "does not pull from"),
+        (lambda h: setattr(h, "host", "prefill.example"), "does not pull from"),
+        (lambda h: setattr(h, "port", 0), "not 1..65535"),
+    ],
+    ids=["no-lease", "far-lease", "foreign-ip", "foreign-name", "no-port"],
+)
+async def test_a_forged_handoff_is_refused_before_the_engine_sees_it(
+    forge: Callable[[worker_pb2.KvHandoff], None], message: str
+) -> None:
+    handoff = await prefilled_handoff()
+    forge(handoff)
+    decode, engine = make(Role.DECODE)
+    request = worker_pb2.GenerateRequest(metadata=meta("r"), prompt_token_ids=[1, 2], handoff=handoff)
+    with pytest.raises(InvalidRequest, match=message):
+        await collect(decode, request)
+    assert engine.calls == []
+
+
+async def test_allowed_hosts_and_the_own_kv_host_are_pulled_from() -> None:
+    engine = FakeEngine()
+    config = WorkerConfig(
+        role=Role.DECODE,
+        model="/nonexistent",
+        served_model_name="fake",
+        kv_host="10.0.0.2",
+        kv_allowed_hosts=("10.0.0.1", "Prefill-A"),
+    )
+    decode = WorkerService(config, engine, clock=Clock())
+    for host in ("10.0.0.1", "prefill-a", "10.0.0.2", "localhost", "::1"):
+        handoff = await prefilled_handoff()
+        handoff.host = host
+        request = worker_pb2.GenerateRequest(metadata=meta(host), prompt_token_ids=[1, 2], handoff=handoff)
+        await collect(decode, request)
+    assert [call["kv"]["remote_host"] for call in engine.calls] == [
+        "10.0.0.1",
+        "prefill-a",
+        "10.0.0.2",
+        "localhost",
+        "::1",
+    ]
+    handoff.host = "10.0.0.3"
+    with pytest.raises(InvalidRequest, match="does not pull from"):
+        await decode.release_kv(worker_pb2.ReleaseKvRequest(request_id="x", handoff=handoff))
+    assert engine.released == []
