@@ -16,10 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 INT32_MAX = 2**31 - 1
 # vLLM's OpenAI server accepts any seed torch's generators take: a signed 64-bit integer.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-# Stop strings are matched on every generated token by the shared tokenizer service: bounded
-# so that one request cannot slow every other stream. (OpenAI's own API allows 4.)
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_CHARS = 256
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -81,17 +77,11 @@ class _SamplingFields(_Strict):
 
     @field_validator("stop")
     @classmethod
-    def _bounded_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+    def _non_empty_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # How many and how long: the server's bounds (libs/gateway/request_limits.py).
         stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
-        for stop in stops:
-            if not stop:
-                raise ValueError("stop strings must not be empty")
-            if len(stop) > MAX_STOP_STRING_CHARS:
-                raise ValueError(
-                    f"a stop string has at most {MAX_STOP_STRING_CHARS} characters, got {len(stop)}"
-                )
+        if any(not stop for stop in stops):
+            raise ValueError("stop strings must not be empty")
         return value
 
     def stops(self) -> list[str]:

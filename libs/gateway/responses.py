@@ -8,6 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+import grpc.aio
+
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors, metrics
@@ -226,9 +229,31 @@ def models(served_model: str, max_model_len: int) -> dict[str, Any]:
     }
 
 
-def health(endpoints: Sequence[Endpoint]) -> tuple[dict[str, Any], int]:
-    """The /health body and status: ready (200) while some worker can decode, else 503."""
-    ready = any(e.healthy and e.role in ("decode", "both") for e in endpoints)
+async def tokenizer_status(
+    tokenizer: tokenizer_pb2_grpc.TokenizerStub, timeout_s: float = 2.0
+) -> dict[str, Any]:
+    """Whether the tokenizer service answers (its GetInfo, with a short deadline)."""
+    try:
+        await tokenizer.GetInfo(tokenizer_pb2.GetInfoRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError as error:
+        return {"reachable": False, "error": error.code().name}
+    return {"reachable": True}
+
+
+def not_ready_reason(endpoints: Sequence[Endpoint], tokenizer: dict[str, Any]) -> str | None:
+    """Why a request cannot be served now, or None. The pipeline's own choice: with a healthy
+    decode worker it prefills on a prefill worker; with none, a colocated worker does both."""
+    if not tokenizer["reachable"]:
+        return f"the tokenizer service does not answer ({tokenizer.get('error', 'unknown')})"
+    healthy = {e.role for e in endpoints if e.healthy}
+    if "decode" in healthy:
+        return None if "prefill" in healthy else "no healthy prefill worker for the decode workers"
+    return None if "both" in healthy else "no healthy decode or colocated worker"
+
+
+def health(endpoints: Sequence[Endpoint], tokenizer: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The /health body (liveness: 200 while the gateway answers): every service's state,
+    with status "ok" when a request can be served now, else "degraded" (see /ready)."""
     workers = [
         {
             "address": e.address,
@@ -239,7 +264,17 @@ def health(endpoints: Sequence[Endpoint]) -> tuple[dict[str, Any], int]:
         }
         for e in endpoints
     ]
-    return {"status": "ok" if ready else "unavailable", "workers": workers}, 200 if ready else 503
+    status = "degraded" if not_ready_reason(endpoints, tokenizer) else "ok"
+    return {"status": status, "tokenizer": tokenizer, "workers": workers}, 200
+
+
+def ready(endpoints: Sequence[Endpoint], tokenizer: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The /ready body: 200 when the tokenizer answers and every role a request needs has a
+    healthy worker, else 503 with the reason."""
+    reason = not_ready_reason(endpoints, tokenizer)
+    if reason is None:
+        return {"ready": True}, 200
+    return {"ready": False, "reason": reason}, 503
 
 
 def sse(payload: dict[str, Any] | str) -> str:

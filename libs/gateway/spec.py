@@ -18,15 +18,20 @@ def generation_spec(
     max_model_len: int,
     max_tokens: int | None,
     logprobs: int | None,
+    max_tokens_cap: int | None = None,
 ) -> GenerationSpec:
     """Refuses prompts that are empty or, with the completion, longer than the context.
 
-    With no max_tokens the completion may use the rest of the context (as vLLM does).
+    With no max_tokens the completion may use the rest of the context (as vLLM does), so no
+    request generates without bound. `max_tokens_cap` (the server's) lowers any larger
+    value, asked for or not, as vLLM's override of max_new_tokens does.
     """
     if not prompt:
         raise errors.invalid("prompt is empty", "prompt")
     if max_tokens is None:
         max_tokens = max(1, max_model_len - len(prompt))
+    if max_tokens_cap is not None:
+        max_tokens = min(max_tokens, max_tokens_cap)
     if len(prompt) + max_tokens > max_model_len:
         raise errors.context_too_long(len(prompt), max_tokens, max_model_len)
     metrics.PROMPT_TOKENS.observe(len(prompt))

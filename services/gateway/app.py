@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from libs.gateway import errors, responses, tokenize_api
+from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
+from libs.gateway.edge import HttpEdge
 from libs.gateway.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,7 +45,9 @@ class GatewayState:
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
 
 
-def create_app(state: GatewayState) -> FastAPI:
+def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
+    edge = edge or HttpEdge()
+    limits = edge.limits
     app = FastAPI(title="Cleave", docs_url=None, redoc_url=None)
     texts = responses.TokenizerTexts(state.tokenizer)
 
@@ -56,9 +59,23 @@ def create_app(state: GatewayState) -> FastAPI:
     async def invalid_body(_request: Request, error: RequestValidationError) -> JSONResponse:
         return JSONResponse(validation_error(error.errors()).body(), status_code=400)
 
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(_request: Request, _error: ClientDisconnected) -> Response:
+        # Nobody reads it; 499 (nginx's "client closed request") is what the metrics count.
+        return Response(status_code=499)
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        body, status = responses.health(state.pool.endpoints)
+        body, status = responses.health(
+            state.pool.endpoints, await responses.tokenizer_status(state.tokenizer)
+        )
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        body, status = responses.ready(
+            state.pool.endpoints, await responses.tokenizer_status(state.tokenizer)
+        )
         return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
@@ -72,6 +89,7 @@ def create_app(state: GatewayState) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         check_model(body.model, state.served_model)
+        limits.check_tokenize(body, state.max_model_len)
         return await tokenize_api.tokenize(
             state.tokenizer, body, model=state.served_model, max_model_len=state.max_model_len
         )
@@ -82,37 +100,55 @@ def create_app(state: GatewayState) -> FastAPI:
         return await tokenize_api.detokenize(state.tokenizer, body)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    async def chat(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
         check_model(body.model, state.served_model)
         check_supported(body)
+        limits.check(body, state.max_model_len)
+        if body.stream:
+            return await chat_stream(body)
+        return await until_disconnected(request.receive, chat_whole(body))
+
+    async def chat_stream(body: ChatCompletionRequest) -> StreamingResponse:
         prompt = await tokenizer_call(chat_prompt(state.tokenizer, body))
         top = body.top_logprobs or 0
-        spec = _spec(state, body, prompt, body.requested_max_tokens(), top if body.logprobs else None)
-        if body.stream:
-            return _stream(state, spec, chat=True, options=body.stream_options, top=top)
+        spec = _spec(state, edge, body, prompt, body.requested_max_tokens(), top if body.logprobs else None)
+        return _stream(state, spec, chat=True, options=body.stream_options, top=top)
+
+    async def chat_whole(body: ChatCompletionRequest) -> JSONResponse:
+        prompt = await tokenizer_call(chat_prompt(state.tokenizer, body))
+        top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        spec = _spec(state, edge, body, prompt, body.requested_max_tokens(), top_logprobs)
         generation = await responses.collect(state.pipeline.run, spec)
         return JSONResponse(
             await responses.chat_completion(
                 spec,
                 generation,
                 model=state.served_model,
-                top_logprobs=top if body.logprobs else None,
+                top_logprobs=top_logprobs,
                 token_text=texts.token_texts,
             )
         )
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:
+    async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
         check_model(body.model, state.served_model)
         check_supported(body)
-        prompts = await tokenizer_call(completion_prompts(state.tokenizer, body))
-        specs = [_spec(state, body, prompt, body.max_tokens, body.logprobs) for prompt in prompts]
+        limits.check(body, state.max_model_len)
         if body.stream:
+            specs = await completion_specs(body)
             if len(specs) != 1:
                 raise errors.unsupported("streaming a list of several prompts", "prompt")
             return _stream(state, specs[0], chat=False, options=body.stream_options, top=body.logprobs or 0)
-        # Several prompts run concurrently.
-        generations = await asyncio.gather(*(responses.collect(state.pipeline.run, spec) for spec in specs))
+        return await until_disconnected(request.receive, completions_whole(body))
+
+    async def completion_specs(body: CompletionRequest) -> list[GenerationSpec]:
+        prompts = await tokenizer_call(completion_prompts(state.tokenizer, body))
+        return [_spec(state, edge, body, prompt, body.max_tokens, body.logprobs) for prompt in prompts]
+
+    async def completions_whole(body: CompletionRequest) -> JSONResponse:
+        specs = await completion_specs(body)
+        # Several prompts run concurrently; one failing cancels the others.
+        generations = await gather_or_cancel(*(responses.collect(state.pipeline.run, spec) for spec in specs))
         return JSONResponse(
             await responses.text_completion(
                 specs,
@@ -124,12 +160,19 @@ def create_app(state: GatewayState) -> FastAPI:
             )
         )
 
+    edge.install(app)
+    # Outermost: counts the edge's refusals (401, 413) too.
     app.add_middleware(RequestCounter, endpoints={getattr(route, "path", "") for route in app.routes})
     return app
 
 
 def _spec(
-    state: GatewayState, body: Any, prompt: list[int], max_tokens: int | None, logprobs: int | None
+    state: GatewayState,
+    edge: HttpEdge,
+    body: Any,
+    prompt: list[int],
+    max_tokens: int | None,
+    logprobs: int | None,
 ) -> GenerationSpec:
     return generation_spec(
         body,
@@ -138,6 +181,7 @@ def _spec(
         max_model_len=state.max_model_len,
         max_tokens=max_tokens,
         logprobs=logprobs,
+        max_tokens_cap=edge.limits.max_tokens_cap,
     )
 
 

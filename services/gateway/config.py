@@ -3,19 +3,41 @@ qaic_disagg's launch commands (docs/architecture.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from libs.config.codecs import ADDRESSES, PORT, choice
+from libs.config.codecs import ADDRESSES, BYTES, NON_NEGATIVE_INT, PORT, POSITIVE_INT, choice
 from libs.config.errors import ConfigError
-from libs.config.flags import flag, parse
-from libs.config.groups import ServerFlags
+from libs.config.flags import FLOAT, PATH, Codec, flag, parse
+from libs.config.groups import GrpcSecurityFlags, ServerFlags
+from libs.gateway import request_limits
+from libs.gateway.admission import AdmissionConfig
+from libs.gateway.auth import ApiKeys
+from libs.gateway.breaker import BreakerConfig
+from libs.gateway.edge import HttpEdge
+from libs.gateway.http_limits import DEFAULT_MAX_BODY_BYTES
+from libs.gateway.migration import DEFAULT_LIMIT as DEFAULT_MIGRATION_LIMIT
 from libs.gateway.routing import POLICIES
 from libs.stack.config import StackConfig
 
+CLEAVE_API_KEY_ENV = "CLEAVE_API_KEY"
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+
+
+def _split_keys(text: str) -> list[str]:
+    return [key.strip() for key in text.split(",") if key.strip()]
+
+
+# Written back as given; ApiKeys never prints the keys themselves (repr, logs).
+_API_KEYS: Codec[ApiKeys] = Codec(
+    lambda _flag, text: ApiKeys(_split_keys(text)), lambda keys: ",".join(keys.keys)
+)
+
 
 @dataclass(frozen=True, kw_only=True)
-class GatewayConfig(ServerFlags, StackConfig):
+class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     """Cleave gateway: one OpenAI-compatible endpoint over prefill/decode workers."""
 
     port: int = flag(8000, codec=PORT, help="HTTP port of the OpenAI API (0 = any free port)")
@@ -26,9 +48,100 @@ class GatewayConfig(ServerFlags, StackConfig):
     decode_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running decode workers")
     pd_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running colocated workers")
     routing: str = flag("least_load", codec=choice(sorted(POLICIES)), help="routing policy")
+    # Not rendered to children (GrpcSecurityFlags is): the gateway makes the token they get.
+    grpc_stack_token: bool = flag(
+        False,
+        help="local stack: secure its gRPC services with a fresh random token (a 0600 file in a "
+        "private temp folder) unless --grpc-token-file or CLEAVE_GRPC_TOKEN gives one",
+    )
+    # Dynamo's flag: a request whose decode worker fails mid-stream continues on another.
+    migration_limit: int = flag(
+        DEFAULT_MIGRATION_LIMIT,
+        codec=NON_NEGATIVE_INT,
+        help="times a request may move to another worker when its decode worker fails mid-stream (0 = never)",
+    )
+    # Request routing robustness: one deadline per request (libs/gateway/deadline.py),
+    # bounded in-flight requests per worker and a bounded queue (admission.py), a circuit
+    # breaker per worker (breaker.py).
+    request_timeout_s: float = flag(
+        600.0,
+        codec=FLOAT,
+        name="request-timeout",
+        help="seconds from a request's arrival to its last token, given to every gRPC call as its "
+        "deadline; past it the workers abort the request and the client gets 504 (0 = no limit)",
+    )
+    max_inflight_per_worker: int = flag(
+        0,
+        codec=NON_NEGATIVE_INT,
+        help="requests this gateway sends one worker at once; more wait in the gateway's queue "
+        "(0 = twice the worker's max_num_seqs)",
+    )
+    max_queued_requests: int = flag(
+        1024,
+        codec=NON_NEGATIVE_INT,
+        help="requests waiting for a worker with room; past it a request is refused (429, Retry-After)",
+    )
+    queue_timeout_s: float = flag(
+        60.0,
+        codec=FLOAT,
+        name="queue-timeout",
+        help="seconds a request waits in the queue before it is refused (429, Retry-After; "
+        "0 = as long as --request-timeout allows)",
+    )
+    breaker_failures: int = flag(
+        3,
+        codec=POSITIVE_INT,
+        help="consecutive failed requests (or failed stats polls) of a worker that stop routing to it",
+    )
+    breaker_cooldown_s: float = flag(
+        5.0,
+        codec=FLOAT,
+        name="breaker-cooldown",
+        help="seconds before a stopped worker is probed again (doubling while it fails, up to 12x)",
+    )
+    # The HTTP edge's bounds (libs/gateway/edge.py); a request past one is a 4xx.
+    max_request_body_bytes: int = flag(
+        DEFAULT_MAX_BODY_BYTES, codec=BYTES, help="larger request bodies are refused (413) unread"
+    )
+    max_prompt_chars: int = flag(
+        0,
+        codec=NON_NEGATIVE_INT,
+        help="longer prompts are refused (400) before tokenizing; 0 = "
+        f"{request_limits.CHARS_PER_CONTEXT_TOKEN} x the context length",
+    )
+    max_tokens_cap: int | None = flag(
+        None,
+        codec=POSITIVE_INT,
+        help="most tokens one completion generates (default: the rest of the context)",
+    )
+    max_stop_strings: int = flag(
+        request_limits.DEFAULT_MAX_STOP_STRINGS, codec=POSITIVE_INT, help="most stop strings per request"
+    )
+    max_stop_string_chars: int = flag(
+        request_limits.DEFAULT_MAX_STOP_STRING_CHARS, codec=POSITIVE_INT, help="longest stop string"
+    )
+    max_sequences_per_request: int = flag(
+        request_limits.DEFAULT_MAX_SEQUENCES, codec=POSITIVE_INT, help="most prompts x n in one request"
+    )
+    # API keys, as vLLM's --api-key: the flag, a file (keeps keys off command lines), or the
+    # environment (CLEAVE_API_KEY, comma-separated, and VLLM_API_KEY) when neither is given.
+    api_key: ApiKeys = flag(
+        ApiKeys(),
+        codec=_API_KEYS,
+        help="comma-separated keys clients must send as 'Authorization: Bearer KEY'",
+    )
+    api_key_file: Path | None = flag(None, codec=PATH, help="a file of API keys, one per line")
+    auth_health: bool = flag(False, help="require the API key on /health, /ready and /metrics too")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for name, value in (
+            ("--request-timeout", self.request_timeout_s),
+            ("--queue-timeout", self.queue_timeout_s),
+            ("--breaker-cooldown", self.breaker_cooldown_s),
+        ):
+            if not value >= 0:  # also refuses nan
+                raise ConfigError(name, value, "a number of seconds >= 0")
         if not self.launches_stack and not self.tokenizer:
             raise ConfigError(
                 "--tokenizer", None, "the tokenizer service's address when worker addresses are given"
@@ -37,6 +150,53 @@ class GatewayConfig(ServerFlags, StackConfig):
     @property
     def launches_stack(self) -> bool:
         return not (self.prefill_workers or self.decode_workers or self.pd_workers)
+
+    def api_keys(self, environ: Mapping[str, str] = os.environ) -> ApiKeys:
+        """Keys from --api-key and --api-key-file; with neither, from the environment
+        (vLLM's order: the command line wins). Raises ConfigError for an unreadable file."""
+        keys = list(self.api_key.keys)
+        if self.api_key_file is not None:
+            try:
+                text = self.api_key_file.read_text()
+            except OSError as error:
+                raise ConfigError(
+                    "--api-key-file", str(self.api_key_file), f"a readable file ({error.strerror})"
+                ) from None
+            keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        if not keys:
+            keys = _split_keys(environ.get(CLEAVE_API_KEY_ENV, "")) + _split_keys(
+                environ.get(VLLM_API_KEY_ENV, "")
+            )
+        return ApiKeys(keys)
+
+    def breaker(self) -> BreakerConfig:
+        return BreakerConfig(
+            failures_to_open=self.breaker_failures,
+            cooldown_s=self.breaker_cooldown_s,
+            max_cooldown_s=12 * self.breaker_cooldown_s,
+        )
+
+    def admission(self) -> AdmissionConfig:
+        return AdmissionConfig(
+            max_inflight_per_worker=self.max_inflight_per_worker,
+            max_queued_requests=self.max_queued_requests,
+            queue_timeout_s=self.queue_timeout_s,
+        )
+
+    def http_edge(self, environ: Mapping[str, str] = os.environ) -> HttpEdge:
+        limits = request_limits.RequestLimits(
+            max_prompt_chars=self.max_prompt_chars,
+            max_stop_strings=self.max_stop_strings,
+            max_stop_string_chars=self.max_stop_string_chars,
+            max_sequences=self.max_sequences_per_request,
+            max_tokens_cap=self.max_tokens_cap,
+        )
+        return HttpEdge(
+            max_body_bytes=self.max_request_body_bytes,
+            limits=limits,
+            api_keys=self.api_keys(environ),
+            auth_health=self.auth_health,
+        )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> GatewayConfig:

@@ -8,19 +8,26 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
 
 import uvicorn
 
 from libs.config.errors import ConfigError
 from libs.gateway.assembly import assemble
+from libs.gateway.edge import HttpEdge
 from libs.models.errors import ModelNotFoundError
 from libs.observability.logging import configure_logging
 from libs.rpc.ports import write_port_file
+from libs.rpc.security import RpcSecurity, load_security
 from libs.stack import local
 from libs.stack.launcher import LocalStack
 from libs.stack.process import LaunchError
@@ -28,7 +35,7 @@ from services.gateway.app import GatewayState, create_app
 from services.gateway.config import GatewayConfig, parse_args
 
 
-async def serve(config: GatewayConfig) -> None:
+async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) -> None:
     # Bound before the stack starts: the port is ours (and reported) while models load.
     listener = socket.create_server((config.host, config.port))
     port = listener.getsockname()[1]
@@ -37,9 +44,15 @@ async def serve(config: GatewayConfig) -> None:
     async with AsyncExitStack() as cleanup:
         cleanup.callback(listener.close)
         if config.launches_stack:
+            if config.grpc_stack_token and security.token is None:
+                token_dir = Path(tempfile.mkdtemp(prefix="cleave-grpc-"))  # mode 0700
+                cleanup.callback(shutil.rmtree, token_dir, ignore_errors=True)
+                token_file = local.write_stack_token(token_dir)
+                config = replace(config, grpc_token_file=token_file)
+                security = replace(security, token=token_file.read_text())
             stack = LocalStack(config.log_dir)
             cleanup.callback(stack.stop)
-            addresses = await local.launch(config, stack)
+            addresses = await local.launch(config, stack, security=config)
             watcher = asyncio.create_task(stack.watch())
             cleanup.callback(watcher.cancel)
         else:
@@ -58,11 +71,13 @@ async def serve(config: GatewayConfig) -> None:
             routing=config.routing,
             kvstore_address=addresses.kvstore,
             served_model=addresses.served_model,
+            migration_limit=config.migration_limit,
+            security=security,
         )
         state = GatewayState(
             parts.served_model, parts.max_model_len, parts.pipeline, parts.pool, parts.tokenizer
         )
-        server = uvicorn.Server(uvicorn.Config(create_app(state), log_config=None, access_log=False))
+        server = uvicorn.Server(uvicorn.Config(create_app(state, edge), log_config=None, access_log=False))
         print(
             f"cleave: serving {state.served_model} at http://{config.host}:{port}/v1",
             file=sys.stderr,
@@ -74,6 +89,8 @@ async def serve(config: GatewayConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_args(argv)
+        edge = config.http_edge()  # reads the API key file and environment
+        security = load_security(config, os.environ)  # --grpc-*: TLS files, the token
     except ConfigError as error:
         print(f"cleave gateway: {error}", file=sys.stderr)
         return 2
@@ -84,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # orphaned every worker and its vLLM engine.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, edge, security))
     except (ModelNotFoundError, LaunchError, TimeoutError, RuntimeError) as error:
         print(f"cleave gateway: {error}", file=sys.stderr)
         return 1

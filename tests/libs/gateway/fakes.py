@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
+import grpc
+import grpc.aio
+
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2
 from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent, check_vocabulary
@@ -17,20 +20,33 @@ VOCAB = {1: "Hello", 2: ",", 3: " world", 4: "!", 5: "é", 6: " there"}
 class FakeTokenizer:
     """The TokenizerStub calls the gateway makes, over VOCAB; records what it detokenized."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reachable: bool = True) -> None:
         self.detokenized: list[list[int]] = []
+        self.reachable = reachable
+        self.calls: list[str] = []  # Tokenize / RenderChat, in order
+
+    async def GetInfo(
+        self, request: tokenizer_pb2.GetInfoRequest, **_call_options: object
+    ) -> tokenizer_pb2.TokenizerInfo:
+        if not self.reachable:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "connection refused"
+            )
+        return tokenizer_pb2.TokenizerInfo(model="m", vocab_size=len(VOCAB) + 1)
 
     async def Detokenize(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
         self.detokenized.append(list(request.token_ids))
         return tokenizer_pb2.DetokenizeResponse(text="".join(VOCAB[i] for i in request.token_ids))
 
     async def Tokenize(self, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
+        self.calls.append("Tokenize")
         ids = [i for word in request.text.split("|") for i, text in VOCAB.items() if text == word]
         strs = [VOCAB[i] for i in ids] if request.return_token_strs else []
         return tokenizer_pb2.TokenizeResponse(token_ids=ids, token_strs=strs)
 
     async def RenderChat(self, request: tokenizer_pb2.RenderChatRequest) -> tokenizer_pb2.RenderChatResponse:
         # One token per message: enough to see the messages arrived in order.
+        self.calls.append("RenderChat")
         return tokenizer_pb2.RenderChatResponse(token_ids=[len(m.content[0].text) for m in request.messages])
 
 

@@ -208,24 +208,38 @@ def endpoint(role: str, healthy: bool) -> Endpoint:
     return Endpoint(f"{role}:1", role, channel=unused, stub=unused, healthy=healthy, stats=stats)
 
 
+UP = {"reachable": True}
+
+
 @pytest.mark.parametrize(
-    ("endpoints", "status"),
+    ("endpoints", "tokenizer", "reason"),
     [
-        ([endpoint("prefill", True), endpoint("decode", True)], 200),
-        ([endpoint("both", True)], 200),
-        ([endpoint("prefill", True), endpoint("decode", False)], 503),
-        ([], 503),
+        ([endpoint("prefill", True), endpoint("decode", True)], UP, None),
+        ([endpoint("both", True)], UP, None),
+        ([endpoint("prefill", True), endpoint("decode", False), endpoint("both", True)], UP, None),
+        # The pipeline prefills on a prefill worker whenever a decode worker is healthy.
+        ([endpoint("decode", True), endpoint("both", True)], UP, "no healthy prefill worker"),
+        ([endpoint("prefill", True), endpoint("decode", False)], UP, "no healthy decode or colocated worker"),
+        ([], UP, "no healthy decode or colocated worker"),
+        ([endpoint("both", True)], {"reachable": False, "error": "UNAVAILABLE"}, "tokenizer"),
     ],
 )
-def test_health_is_ready_only_while_a_worker_can_decode(endpoints: list[Endpoint], status: int) -> None:
-    body, code = responses.health(endpoints)
-    assert code == status
-    assert body["status"] == ("ok" if status == 200 else "unavailable")
-    assert len(body["workers"]) == len(endpoints)
+def test_ready_only_while_every_role_a_request_needs_is_served(
+    endpoints: list[Endpoint], tokenizer: dict[str, Any], reason: str | None
+) -> None:
+    body, code = responses.ready(endpoints, tokenizer)
+    health, health_code = responses.health(endpoints, tokenizer)
+    assert health_code == 200  # liveness: the gateway itself answers
+    if reason is None:
+        assert (code, body, health["status"]) == (200, {"ready": True}, "ok")
+    else:
+        assert (code, body["ready"], health["status"]) == (503, False, "degraded")
+        assert reason in body["reason"]
+    assert len(health["workers"]) == len(endpoints) and health["tokenizer"] == tokenizer
 
 
 def test_health_describes_each_worker() -> None:
-    body, _ = responses.health([endpoint("decode", False)])
+    body, _ = responses.health([endpoint("decode", False)], UP)
     assert body["workers"] == [
         {"address": "decode:1", "role": "decode", "healthy": False, "running": 3, "kv_cache_usage": 0.1235}
     ]

@@ -63,3 +63,19 @@ def test_a_prompt_and_completion_longer_than_the_context_are_refused() -> None:
     assert "you requested 11 tokens (3 in the prompt, 8 for the completion)" in raised.value.message
     # Exactly the context is fine.
     generation_spec(body(), [1, 2, 3], model="m", max_model_len=10, max_tokens=7, logprobs=None)
+
+
+def test_the_servers_cap_lowers_any_larger_completion_length() -> None:
+    def max_tokens(requested: int | None) -> int:
+        spec = generation_spec(
+            body(),
+            [1, 2, 3],
+            model="m",
+            max_model_len=100,
+            max_tokens=requested,
+            logprobs=None,
+            max_tokens_cap=20,
+        )
+        return spec.sampling.max_tokens
+
+    assert (max_tokens(None), max_tokens(50), max_tokens(5)) == (20, 20, 5)

@@ -3,14 +3,22 @@ the request counter over a scripted pipeline and a fake tokenizer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from libs.gateway.pipeline import Finished, SequenceEvent
+from cleave.worker.v1 import worker_pb2
+from libs.gateway import errors
+from libs.gateway.auth import ApiKeys
+from libs.gateway.edge import HttpEdge
+from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent
+from libs.gateway.pool import Endpoint
+from libs.gateway.request_limits import RequestLimits
 from services.gateway.app import GatewayState, create_app
 from tests.libs.gateway.fakes import FakeTokenizer, ScriptedPipeline
 
@@ -23,20 +31,35 @@ EVENTS: list[SequenceEvent | Finished] = [
 ]
 
 
-class NoWorkers:
-    def __init__(self) -> None:
-        self.endpoints: list[Any] = []
+class Workers:
+    def __init__(self, *roles: str, healthy: bool = True) -> None:
+        self.endpoints = [
+            Endpoint(f"127.0.0.1:{7000 + i}", role, None, None, healthy, worker_pb2.WorkerStats())  # type: ignore[arg-type]
+            for i, role in enumerate(roles)
+        ]
 
 
-def client(pipeline: ScriptedPipeline) -> httpx.AsyncClient:
+def app_for(
+    pipeline: Any,
+    *,
+    edge: HttpEdge | None = None,
+    tokenizer: FakeTokenizer | None = None,
+    workers: Workers | None = None,
+) -> Any:
     state = GatewayState(
         served_model="m",
         max_model_len=32,
-        pipeline=pipeline,  # type: ignore[arg-type]
-        pool=NoWorkers(),  # type: ignore[arg-type]
-        tokenizer=FakeTokenizer(),  # type: ignore[arg-type]
+        pipeline=pipeline,
+        pool=workers or Workers(),  # type: ignore[arg-type]
+        tokenizer=tokenizer or FakeTokenizer(),  # type: ignore[arg-type]
     )
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(state)), base_url="http://gateway")
+    return create_app(state, edge)
+
+
+def client(pipeline: Any, **options: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app_for(pipeline, **options)), base_url="http://gateway"
+    )
 
 
 def requests_counted(endpoint: str, status: str) -> float:
@@ -109,6 +132,175 @@ async def test_health_models_and_tokenize() -> None:
         health = await http.get("/health")
         models = await http.get("/v1/models")
         tokens = await http.post("/tokenize", json={"prompt": "Hello|!"})
-    assert (health.status_code, health.json()) == (503, {"status": "unavailable", "workers": []})
+    # Liveness: the gateway answers, and says what is missing.
+    assert (health.status_code, health.json()["status"]) == (200, "degraded")
+    assert health.json()["tokenizer"] == {"reachable": True}
     assert models.json()["data"][0]["id"] == "m"
     assert tokens.json() == {"tokens": [1, 4], "count": 2, "max_model_len": 32}
+
+
+async def test_ready_needs_the_tokenizer_and_every_role_a_request_uses() -> None:
+    async def ready(**options: Any) -> tuple[int, dict[str, Any]]:
+        async with client(ScriptedPipeline([]), **options) as http:
+            response = await http.get("/ready")
+        return response.status_code, response.json()
+
+    assert await ready(workers=Workers("prefill", "decode")) == (200, {"ready": True})
+    assert await ready(workers=Workers("both")) == (200, {"ready": True})
+    status, body = await ready(workers=Workers("decode"))
+    assert (status, body["ready"]) == (503, False) and "prefill" in body["reason"]
+    status, body = await ready(workers=Workers("prefill", "decode", healthy=False))
+    assert status == 503 and "decode" in body["reason"]
+    status, body = await ready(workers=Workers("both"), tokenizer=FakeTokenizer(reachable=False))
+    assert status == 503 and "tokenizer" in body["reason"]
+    async with client(
+        ScriptedPipeline([]), workers=Workers("both"), tokenizer=FakeTokenizer(reachable=False)
+    ) as http:
+        health = (await http.get("/health")).json()
+    assert health["status"] == "degraded" and health["tokenizer"] == {
+        "reachable": False,
+        "error": "UNAVAILABLE",
+    }
+
+
+async def test_a_body_declared_larger_than_the_limit_is_a_413_unread() -> None:
+    pipeline = ScriptedPipeline(EVENTS)
+    before = requests_counted("/v1/completions", "413")
+    async with client(pipeline, edge=HttpEdge(max_body_bytes=1024 * 1024)) as http:
+        response = await http.post(
+            "/v1/completions", content=b"x" * (50 * 1024 * 1024), headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert pipeline.specs == [] and requests_counted("/v1/completions", "413") - before == 1
+
+
+async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> None:
+    sent = 0
+
+    async def chunks() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(100):
+            sent += 1
+            yield b"x" * 1024
+
+    async with client(ScriptedPipeline(EVENTS), edge=HttpEdge(max_body_bytes=10 * 1024)) as http:
+        response = await http.post(
+            "/v1/completions", content=chunks(), headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert sent <= 12  # the rest was never read
+
+
+async def test_a_body_within_the_limit_is_served() -> None:
+    async with client(ScriptedPipeline(EVENTS), edge=HttpEdge(max_body_bytes=200)) as http:
+        response = await http.post("/v1/completions", json={"model": "m", "prompt": [1, 2]})
+    assert response.status_code == 200
+
+
+async def test_api_keys_guard_the_api_but_not_the_probes() -> None:
+    edge = HttpEdge(api_keys=ApiKeys(["sk-1", "sk-2"]))
+    async with client(ScriptedPipeline(EVENTS), edge=edge, workers=Workers("both")) as http:
+        missing = await http.post("/v1/completions", json={"model": "m", "prompt": [1, 2]})
+        wrong = await http.get("/v1/models", headers={"Authorization": "Bearer sk-3"})
+        right = await http.post(
+            "/v1/completions", json={"model": "m", "prompt": [1, 2]}, headers={"Authorization": "Bearer sk-2"}
+        )
+        probes = [(await http.get(path)).status_code for path in ("/health", "/ready", "/metrics")]
+    assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert (
+        missing.json()["error"]["code"] == "invalid_api_key"
+        and missing.headers["www-authenticate"] == "Bearer"
+    )
+    assert probes == [200, 200, 200]
+    async with client(
+        ScriptedPipeline(EVENTS), edge=HttpEdge(api_keys=ApiKeys(["k"]), auth_health=True)
+    ) as http:
+        assert (await http.get("/health")).status_code == 401
+
+
+async def test_request_bounds_are_400s_before_the_tokenizer_is_called() -> None:
+    tokenizer = FakeTokenizer()
+    edge = HttpEdge(limits=RequestLimits(max_prompt_chars=10, max_stop_strings=2, max_sequences=4))
+    async with client(ScriptedPipeline(EVENTS), edge=edge, tokenizer=tokenizer) as http:
+        long_prompt = await http.post("/v1/completions", json={"model": "m", "prompt": "a" * 11})
+        long_chat = await http.post(
+            "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "a" * 11}]}
+        )
+        stops = await http.post(
+            "/v1/completions", json={"model": "m", "prompt": "a", "stop": ["1", "2", "3"]}
+        )
+        sequences = await http.post("/v1/completions", json={"model": "m", "prompt": ["a", "b", "c"], "n": 2})
+    params = [r.json()["error"]["param"] for r in (long_prompt, long_chat, stops, sequences)]
+    assert [r.status_code for r in (long_prompt, long_chat, stops, sequences)] == [400] * 4
+    assert params == ["prompt", "messages", "stop", "n"]
+    assert tokenizer.calls == []
+
+
+async def test_the_servers_max_tokens_cap_applies_when_the_client_gives_none() -> None:
+    pipeline = ScriptedPipeline(EVENTS)
+    edge = HttpEdge(limits=RequestLimits(max_tokens_cap=5))
+    async with client(pipeline, edge=edge) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "abc"}]}
+        assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+    assert pipeline.specs[0].sampling.max_tokens == 5
+
+
+async def test_a_client_that_leaves_a_whole_response_cancels_its_generation() -> None:
+    pipeline = ScriptedPipeline([], hang=True)
+    app = app_for(pipeline)
+    body = json.dumps({"model": "m", "prompt": [1, 2], "max_tokens": 4}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await pipeline.waiting.wait()  # the generation runs: now the client goes away
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/json")], "server": ("gateway", 80),
+        "client": ("127.0.0.1", 1),
+    }  # fmt: skip
+    await app(scope, receive, send)
+    assert pipeline.closed.is_set()  # the pipeline's generator was closed: its gRPC calls cancelled
+    assert sent[0]["status"] == 499
+
+
+class OneFailsOneHangs:
+    """Prompt [1] fails once prompt [2] has started; prompt [2] would run forever."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.hanging_closed = asyncio.Event()
+
+    def check(self, spec: GenerationSpec) -> None:
+        pass
+
+    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        if spec.prompt_token_ids == [1]:
+            await self.started.wait()
+            raise errors.invalid("prompt 0 is bad", "prompt")
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.hanging_closed.set()
+        yield Finished(0, 0, 0)  # never reached; makes this an async generator
+
+
+async def test_a_failing_prompt_of_a_list_cancels_its_siblings() -> None:
+    pipeline = OneFailsOneHangs()
+    async with client(pipeline) as http:
+        response = await http.post(
+            "/v1/completions", json={"model": "m", "prompt": [[1], [2]], "max_tokens": 2}
+        )
+    assert response.status_code == 400 and "prompt 0 is bad" in response.json()["error"]["message"]
+    assert pipeline.hanging_closed.is_set()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from libs.config.errors import ConfigError
@@ -62,6 +64,25 @@ def test_qaic_disagg_flags_parse() -> None:
             "round_robin",
         ],
         ["--log-json", "--startup-timeout-s", "12.5", "--port", "0", "--allow-device-overlap"],
+        [
+            "--max-request-body-bytes",
+            "1MiB",
+            "--max-prompt-chars",
+            "1000",
+            "--max-tokens-cap",
+            "64",
+            "--max-stop-strings",
+            "4",
+            "--max-stop-string-chars",
+            "16",
+            "--max-sequences-per-request",
+            "8",
+            "--api-key",
+            "sk-a,sk-b",
+            "--api-key-file",
+            "/run/keys",
+            "--auth-health",
+        ],
     ],
 )
 def test_rendering_gives_back_the_same_config(argv: list[str]) -> None:
@@ -113,3 +134,26 @@ def test_help_lists_every_role_flag(capsys: pytest.CaptureFixture[str]) -> None:
         for name in ("port", "device-group", "max-num-seqs", "kv-cache-bytes", "override-qaic-config"):
             assert f"--{role}-{name}" in text
     assert isinstance(GatewayConfig.__doc__, str)
+
+
+def test_the_http_edge_from_flags() -> None:
+    edge = parse_args(
+        ["--max-request-body-bytes", "2MiB", "--max-prompt-chars", "99", "--max-tokens-cap", "7"]
+    ).http_edge(environ={})
+    assert edge.max_body_bytes == 2 << 20
+    assert (edge.limits.max_prompt_chars, edge.limits.max_tokens_cap) == (99, 7)
+    assert not edge.api_keys and not edge.auth_health
+
+
+def test_api_keys_from_flags_file_or_environment(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text("# one key per line\nsk-file\n\n")
+    environ = {"CLEAVE_API_KEY": "sk-env1, sk-env2", "VLLM_API_KEY": "sk-vllm"}
+    # The command line (flag or file) wins over the environment, as in vLLM.
+    flagged = parse_args(["--api-key", "sk-flag", "--api-key-file", str(key_file)])
+    assert flagged.api_keys(environ).keys == ("sk-flag", "sk-file")
+    assert parse_args([]).api_keys(environ).keys == ("sk-env1", "sk-env2", "sk-vllm")
+    assert not parse_args([]).api_keys({})
+    assert "sk-flag" not in repr(flagged)  # a config printed in a log shows no key
+    with pytest.raises(ConfigError, match="--api-key-file"):
+        parse_args(["--api-key-file", str(tmp_path / "missing")]).api_keys({})
