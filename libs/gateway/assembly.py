@@ -11,6 +11,7 @@ import prometheus_client
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2
 from libs.gateway.kvstore_lookup import KvStoreLookup
+from libs.gateway.migration import DEFAULT_LIMIT as DEFAULT_MIGRATION_LIMIT
 from libs.gateway.pipeline import Pipeline
 from libs.gateway.pool import WorkerPool
 from libs.gateway.routing import create_policy
@@ -35,6 +36,7 @@ async def assemble(
     routing: str,
     kvstore_address: str | None,
     served_model: str = "",
+    migration_limit: int = DEFAULT_MIGRATION_LIMIT,
 ) -> GatewayParts:
     """Connects to the services; everything opened is closed by `cleanup`."""
     pool = WorkerPool(workers)
@@ -55,5 +57,12 @@ async def assemble(
         # The workers' layout keys the kvstore's chunks; the gateway asks with the same one.
         lookup = KvStoreLookup(kvstore_address, info.kv_layout)
         cleanup.push_async_callback(lookup.close)
-    pipeline = Pipeline(pool, tokenizer, create_policy(routing), create_policy(routing), prefix_lookup=lookup)
+    pipeline = Pipeline(
+        pool,
+        tokenizer,
+        create_policy(routing),
+        create_policy(routing),
+        prefix_lookup=lookup,
+        migration_limit=migration_limit,
+    )
     return GatewayParts(served_model or info.model, info.max_model_len, pipeline, pool, tokenizer)

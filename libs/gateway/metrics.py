@@ -26,3 +26,12 @@ PREFILL_SKIPPED = Counter(
     "Requests sent straight to decode because the kvstore held all but a short tail of the prompt",
 )
 RETRIES = Counter("cleave_gateway_retries_total", "Retries by stage", ["stage"])
+MIGRATIONS = Counter(
+    "cleave_gateway_migrations_total",
+    "Requests continued on another worker after theirs failed mid-stream (libs/gateway/migration.py)",
+)
+MIGRATIONS_REFUSED = Counter(
+    "cleave_gateway_migrations_refused_total",
+    "Mid-stream worker failures that ended the request instead of moving it, by reason",
+    ["reason"],
+)

@@ -4,7 +4,9 @@ handoff -> decode stream -> per-sequence detokenization -> events for the HTTP l
 Colocated (`both`) workers skip the prefill hop, and so do prompts the kvstore holds all
 but a short tail of (the decode worker loads the prefix itself). Cancellation (the client went away) cancels
 the gRPC calls, which makes each worker abort the request and free its KV; a handoff whose
-decode never started is released through a decode worker.
+decode never started is released through a decode worker. A decode worker that fails after
+tokens were sent hands the request to another, which continues from the tokens generated
+so far (libs/gateway/migration.py).
 
 Fault attribution: a request a worker refuses as invalid (INVALID_ARGUMENT) is the client's
 mistake, answered 400 with the worker's message; it is never retried and never ejects the
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +31,7 @@ from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2
 from libs.gateway import errors, metrics
 from libs.gateway.detokenize import SequenceDetokenizer
+from libs.gateway.migration import DEFAULT_LIMIT, MIGRATING_CODES, Migration, MigrationRefused, WorkerFailed
 from libs.gateway.pool import Endpoint, WorkerPool
 from libs.gateway.routing import RoutingPolicy
 
@@ -84,6 +88,16 @@ class MidStreamError(Exception):
     """A worker failed after tokens were sent: the client gets an error event, not a hang."""
 
 
+@dataclass
+class _Progress:
+    """What a request's stream produced so far; kept when the request moves to another worker."""
+
+    detokenizers: dict[int, SequenceDetokenizer]
+    open_sequences: set[int]
+    completion_tokens: int = 0
+    emitted: bool = False
+
+
 class Pipeline:
     def __init__(
         self,
@@ -96,6 +110,7 @@ class Pipeline:
         rpc_timeout_s: float = 600.0,
         prefix_lookup: PrefixLookup | None = None,
         skip_prefill_max_tail: int = 256,
+        migration_limit: int = DEFAULT_LIMIT,
     ) -> None:
         self._pool = pool
         self._tokenizer = tokenizer
@@ -105,6 +120,7 @@ class Pipeline:
         self._timeout = rpc_timeout_s
         self._prefix_lookup = prefix_lookup
         self._skip_prefill_max_tail = skip_prefill_max_tail
+        self._migration_limit = migration_limit
 
     def check(self, spec: GenerationSpec) -> None:
         """The request checks that need the workers' facts (vocabulary), as an ApiError (400).
@@ -199,7 +215,6 @@ class Pipeline:
         )
         if handoff is not None and handoff.transport:
             request.handoff.CopyFrom(handoff)
-        n = spec.sampling.n or 1
         detokenizers = {
             i: SequenceDetokenizer(
                 self._tokenizer,
@@ -207,62 +222,100 @@ class Pipeline:
                 prompt_tail=spec.prompt_token_ids[-5:],
                 stops=spec.stops,
             )
-            for i in range(n)
+            for i in range(spec.sampling.n or 1)
         }
-        open_sequences = set(range(n))
-        completion_tokens = 0
-        emitted = False
+        progress = _Progress(detokenizers, set(detokenizers))
+        # A worker failing after tokens were sent hands the request on (libs/gateway/migration.py):
+        # the next worker continues it with the same detokenizers and counts.
+        migration = Migration(request, limit=self._migration_limit)
+        first_endpoint = endpoint
+        try:
+            while True:
+                try:
+                    async with aclosing(self._stream(spec, endpoint, request, progress, migration)) as events:
+                        async for event in events:
+                            yield event
+                    return
+                except WorkerFailed as failed:
+                    try:
+                        continuation = migration.next(endpoint, str(failed), self._pool, self._decode_policy)
+                    except MigrationRefused as refused:
+                        raise MidStreamError(str(refused)) from failed
+                    endpoint, request = continuation.endpoint, continuation.request
+        finally:
+            for detokenizer in detokenizers.values():
+                detokenizer.close()
+            if handoff is not None and handoff.transport and not progress.emitted:
+                # The decode never consumed the handoff: free the prefill's KV now.
+                await asyncio.shield(self._release(first_endpoint, spec.request_id, handoff))
+
+    async def _stream(
+        self,
+        spec: GenerationSpec,
+        endpoint: Endpoint,
+        request: worker_pb2.GenerateRequest,
+        progress: _Progress,
+        migration: Migration,
+    ) -> AsyncIterator[SequenceEvent | Finished]:
+        """One worker's Generate stream as events. Its own failure after tokens were sent raises
+        WorkerFailed (the request may move); other failures end the request."""
         endpoint.in_flight += 1
         call = endpoint.stub.Generate(request, timeout=self._timeout)
         try:
             async for response in call:
                 kind = response.WhichOneof("kind")
                 if kind == "error":
-                    if response.error.code == common_pb2.ERROR_CODE_OVERLOADED:
+                    engine_stopped = response.error.code == common_pb2.ERROR_CODE_OVERLOADED
+                    if engine_stopped:
                         # The worker's own failure (its engine stopped), as UNAVAILABLE below.
                         self._pool.eject(endpoint, "generate failed: engine unavailable")
-                    raise MidStreamError(response.error.message) if emitted else _worker_error(response.error)
+                    if not progress.emitted:
+                        raise _worker_error(response.error)
+                    if engine_stopped:
+                        raise WorkerFailed(f"decode worker failed mid-stream: {response.error.message}")
+                    raise MidStreamError(response.error.message)
                 if kind == "complete":
                     usage = response.complete.usage
-                    yield Finished(usage.prompt_tokens, completion_tokens, usage.cached_prompt_tokens)
+                    # A moved request's worker saw a longer prompt; the client's is the original.
+                    prompt_tokens = len(spec.prompt_token_ids) if migration.moved else usage.prompt_tokens
+                    cached = min(usage.cached_prompt_tokens, prompt_tokens)
+                    yield Finished(prompt_tokens, progress.completion_tokens, cached)
                     return
                 chunk = response.chunk
-                if chunk.index not in open_sequences:
+                if chunk.index not in progress.open_sequences:
                     continue
-                detokenized = await detokenizers[chunk.index].feed(chunk.token_ids)
+                detokenized = await progress.detokenizers[chunk.index].feed(chunk.token_ids)
+                migration.record(chunk.index, chunk.token_ids)
                 text = detokenized.text
-                completion_tokens += len(chunk.token_ids)
+                progress.completion_tokens += len(chunk.token_ids)
                 finish = _FINISH.get(chunk.finish_reason)
                 if detokenized.stopped:
                     finish = "stop"
                 elif finish is not None:
-                    text += (await detokenizers[chunk.index].finish()).text
-                emitted = True
+                    text += (await progress.detokenizers[chunk.index].finish()).text
+                progress.emitted = True
                 yield SequenceEvent(chunk.index, text, list(chunk.token_ids), list(chunk.logprobs), finish)
                 if finish is not None:
-                    open_sequences.discard(chunk.index)
-                    if not open_sequences:
+                    progress.open_sequences.discard(chunk.index)
+                    if not progress.open_sequences:
                         # Stop strings ended every sequence: stop the engine now.
                         call.cancel()
-                        yield Finished(len(spec.prompt_token_ids), completion_tokens, 0)
+                        yield Finished(len(spec.prompt_token_ids), progress.completion_tokens, 0)
                         return
-            raise MidStreamError("the decode worker closed the stream without completing")
+            failure = "the decode worker closed the stream without completing"
+            raise WorkerFailed(failure) if progress.emitted else MidStreamError(failure)
         except grpc.aio.AioRpcError as error:
             if error.code() in _EJECTING:
                 self._pool.eject(endpoint, f"generate failed: {error.code().name}")
-            if emitted:
-                raise MidStreamError(f"decode worker failed mid-stream: {error.code().name}") from error
-            if error.code() == grpc.StatusCode.ABORTED and handoff is not None:
-                raise HandoffRejected(error.details() or "KV transfer failed") from error
-            raise _api_error(error) from error
+            if not progress.emitted:
+                if error.code() == grpc.StatusCode.ABORTED and request.HasField("handoff"):
+                    raise HandoffRejected(error.details() or "KV transfer failed") from error
+                raise _api_error(error) from error
+            failure = f"decode worker failed mid-stream: {error.code().name}"
+            raise (WorkerFailed if error.code() in MIGRATING_CODES else MidStreamError)(failure) from error
         finally:
             endpoint.in_flight -= 1
             call.cancel()
-            for detokenizer in detokenizers.values():
-                detokenizer.close()
-            if handoff is not None and handoff.transport and not emitted:
-                # The decode never consumed the handoff: free the prefill's KV now.
-                await asyncio.shield(self._release(endpoint, spec.request_id, handoff))
 
     async def _release(self, endpoint: Endpoint, request_id: str, handoff: worker_pb2.KvHandoff) -> None:
         try:
