@@ -10,6 +10,9 @@ import prometheus_client
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2
+from libs.gateway.admission import Admission, AdmissionConfig
+from libs.gateway.breaker import BreakerConfig
+from libs.gateway.deadline import DeadlineStub
 from libs.gateway.kvstore_lookup import KvStoreLookup
 from libs.gateway.migration import DEFAULT_LIMIT as DEFAULT_MIGRATION_LIMIT
 from libs.gateway.pipeline import Pipeline
@@ -17,6 +20,7 @@ from libs.gateway.pool import WorkerPool
 from libs.gateway.routing import create_policy
 from libs.gateway.worker_metrics import WorkerStatsCollector
 from libs.rpc.channel import open_channel
+from libs.rpc.security import RpcSecurity
 
 
 @dataclass(frozen=True)
@@ -37,9 +41,13 @@ async def assemble(
     kvstore_address: str | None,
     served_model: str = "",
     migration_limit: int = DEFAULT_MIGRATION_LIMIT,
+    security: RpcSecurity | None = None,
+    breaker: BreakerConfig | None = None,
+    admission: AdmissionConfig | None = None,
+    request_timeout_s: float | None = 600.0,
 ) -> GatewayParts:
     """Connects to the services; everything opened is closed by `cleanup`."""
-    pool = WorkerPool(workers)
+    pool = WorkerPool(workers, security=security, breaker=breaker)
     cleanup.push_async_callback(pool.close)
     collector = WorkerStatsCollector(pool)
     prometheus_client.REGISTRY.register(collector)
@@ -49,13 +57,14 @@ async def assemble(
     if first is None:
         raise RuntimeError("no worker answered; check the worker addresses")
     info = await first.stub.GetInfo(worker_pb2.GetInfoRequest())
-    tokenizer_channel = open_channel(tokenizer_address)
+    tokenizer_channel = open_channel(tokenizer_address, security=security)
     cleanup.push_async_callback(tokenizer_channel.close)
-    tokenizer = tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel)
+    # Every tokenizer call gets the request's remaining time as its deadline (deadline.py).
+    tokenizer = DeadlineStub(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel))
     lookup = None
     if kvstore_address:
         # The workers' layout keys the kvstore's chunks; the gateway asks with the same one.
-        lookup = KvStoreLookup(kvstore_address, info.kv_layout)
+        lookup = KvStoreLookup(kvstore_address, info.kv_layout, security=security)
         cleanup.push_async_callback(lookup.close)
     pipeline = Pipeline(
         pool,
@@ -64,5 +73,7 @@ async def assemble(
         create_policy(routing),
         prefix_lookup=lookup,
         migration_limit=migration_limit,
+        request_timeout_s=request_timeout_s,
+        admission=Admission(pool, admission),
     )
     return GatewayParts(served_model or info.model, info.max_model_len, pipeline, pool, tokenizer)

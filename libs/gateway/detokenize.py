@@ -17,6 +17,7 @@ import grpc.aio
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors
+from libs.gateway.deadline import NO_DEADLINE, Deadline
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class SequenceDetokenizer:
         prompt_tail: Sequence[int],
         stops: Sequence[str],
         skip_special_tokens: bool = True,
+        deadline: Deadline = NO_DEADLINE,
     ) -> None:
         self._requests: asyncio.Queue[tokenizer_pb2.DetokenizeStreamRequest | None] = asyncio.Queue()
         start = tokenizer_pb2.DetokenizeStart(
@@ -44,7 +46,9 @@ class SequenceDetokenizer:
             skip_special_tokens=skip_special_tokens,
         )
         self._requests.put_nowait(tokenizer_pb2.DetokenizeStreamRequest(start=start))
-        self._call = stub.DetokenizeStream(self._request_iterator())
+        # The request's deadline bounds the stream: it ends with the request's time.
+        self._deadline = deadline
+        self._call = stub.DetokenizeStream(self._request_iterator(), timeout=deadline.grpc_timeout())
         self.done = False
 
     async def _request_iterator(self):  # type: ignore[no-untyped-def]
@@ -71,6 +75,8 @@ class SequenceDetokenizer:
             response = await self._call.read()
         except grpc.aio.AioRpcError as error:
             self.done = True
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._deadline.expired():
+                raise self._deadline.exceeded() from error
             if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 # Refused at `start`: the client's stop strings or prompt.
                 raise errors.invalid(error.details() or "the tokenizer refused the request") from error

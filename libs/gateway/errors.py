@@ -14,6 +14,7 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -21,6 +22,8 @@ class ApiError(Exception):
         self.type = type_
         self.param = param
         self.code = code
+        # HTTP headers the response must carry (Retry-After on a 429).
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -65,6 +68,44 @@ def no_workers(role: str) -> ApiError:
 
 def overloaded() -> ApiError:
     return ApiError(429, "the server is overloaded; retry later", type_="rate_limit_error", code="overloaded")
+
+
+def queue_full(max_queued: int, retry_after_s: int) -> ApiError:
+    """Every worker is at its in-flight bound and the gateway's queue is full."""
+    return _rate_limited(
+        f"the server is at capacity: {max_queued} requests are already waiting for a worker; "
+        f"retry after {retry_after_s} s",
+        retry_after_s,
+    )
+
+
+def queue_timeout(waited_s: float, retry_after_s: int) -> ApiError:
+    """A queued request found no free worker within --queue-timeout."""
+    return _rate_limited(
+        f"the server is at capacity: no worker was free within {waited_s:g} s; retry after {retry_after_s} s",
+        retry_after_s,
+    )
+
+
+def _rate_limited(message: str, retry_after_s: int) -> ApiError:
+    # OpenAI's own 429s carry code "rate_limit_exceeded"; Retry-After is what its SDKs (and
+    # most HTTP clients) wait before retrying.
+    return ApiError(
+        429, message, type_="rate_limit_error", code="rate_limit_exceeded",
+        headers={"Retry-After": str(retry_after_s)},
+    )  # fmt: skip
+
+
+def request_timeout(budget_s: float | None) -> ApiError:
+    """The request's deadline (--request-timeout) passed: 504, as a proxy whose upstream did
+    not answer in time (vLLM's server has no request deadline of its own)."""
+    budget = f"its {budget_s:g} s deadline" if budget_s else "its deadline"
+    return ApiError(
+        504,
+        f"the request did not complete within {budget} (--request-timeout)",
+        type_="timeout",
+        code="request_timeout",
+    )
 
 
 def tokenizer_unavailable(detail: str) -> ApiError:

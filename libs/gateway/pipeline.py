@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import grpc
@@ -29,7 +29,9 @@ import structlog
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2
-from libs.gateway import errors, metrics
+from libs.gateway import deadline, errors, metrics
+from libs.gateway.admission import Admission
+from libs.gateway.deadline import NO_DEADLINE, Deadline
 from libs.gateway.detokenize import SequenceDetokenizer
 from libs.gateway.migration import DEFAULT_LIMIT, MIGRATING_CODES, Migration, MigrationRefused, WorkerFailed
 from libs.gateway.pool import Endpoint, WorkerPool
@@ -56,6 +58,8 @@ class GenerationSpec:
     prompt_token_ids: list[int]
     sampling: common_pb2.SamplingParams
     stops: list[str]
+    # Fixed when the request arrived (libs/gateway/deadline.py); Pipeline.run sets it.
+    deadline: Deadline = NO_DEADLINE
 
 
 @dataclass
@@ -107,7 +111,8 @@ class Pipeline:
         decode_policy: RoutingPolicy,
         *,
         prefill_attempts: int = 2,
-        rpc_timeout_s: float = 600.0,
+        request_timeout_s: float | None = 600.0,
+        admission: Admission | None = None,
         prefix_lookup: PrefixLookup | None = None,
         skip_prefill_max_tail: int = 256,
         migration_limit: int = DEFAULT_LIMIT,
@@ -117,10 +122,16 @@ class Pipeline:
         self._prefill_policy = prefill_policy
         self._decode_policy = decode_policy
         self._prefill_attempts = prefill_attempts
-        self._timeout = rpc_timeout_s
+        self._request_timeout_s = request_timeout_s
+        self._admission = admission or Admission(pool)
         self._prefix_lookup = prefix_lookup
         self._skip_prefill_max_tail = skip_prefill_max_tail
         self._migration_limit = migration_limit
+
+    @property
+    def request_timeout_s(self) -> float | None:
+        """--request-timeout: the HTTP edge fixes each request's deadline with it."""
+        return self._request_timeout_s
 
     def check(self, spec: GenerationSpec) -> None:
         """The request checks that need the workers' facts (vocabulary), as an ApiError (400).
@@ -131,35 +142,38 @@ class Pipeline:
 
     async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
         self.check(spec)
-        decoders = self._pool.healthy("decode")
-        if not decoders:
-            colocated = self._pool.healthy("both")
-            if not colocated:
-                raise errors.no_workers("decode")
-            async for event in self._generate(
-                spec, self._decode_policy.pick(colocated, spec.prompt_token_ids), None
-            ):
-                yield event
-            return
-        if await self._kvstore_covers_prompt(spec):
-            # The decode worker loads the stored prefix itself and computes the short tail.
-            metrics.PREFILL_SKIPPED.inc()
-            decode = self._decode_policy.pick(decoders, spec.prompt_token_ids)
-            async for event in self._generate(spec, decode, worker_pb2.KvHandoff()):
-                yield event
-            return
-        for _attempt in range(2):
-            handoff = await self._prefill(spec)
-            decode = self._decode_policy.pick(decoders, spec.prompt_token_ids)
-            try:
-                async for event in self._generate(spec, decode, handoff):
+        if spec.deadline is NO_DEADLINE:
+            # The HTTP edge fixed it when the request arrived; without it, from now.
+            spec = replace(spec, deadline=deadline.current() or Deadline.after(self._request_timeout_s))
+        # The decode (or colocated) slot is taken first and held through prefill: a prompt's
+        # KV is computed only when a worker can take it before the handoff's lease ends.
+        role = "decode" if self._admission.serviceable("decode") else "both"
+        if not self._admission.serviceable(role):
+            raise errors.no_workers("decode")
+        async with self._admission.admit(
+            role, lambda candidates: self._decode_policy.pick(candidates, spec.prompt_token_ids), deadline=spec.deadline
+        ) as decode:  # fmt: skip
+            if role == "both":
+                async for event in self._generate(spec, decode, None):
                     yield event
                 return
-            except HandoffRejected as error:
-                # The decode refused the KV (lease expired, transfer failed) before emitting
-                # anything: prefill again rather than fail the request.
-                metrics.RETRIES.labels("handoff").inc()
-                log.warning("decode rejected the KV handoff; prefilling again", reason=str(error))
+            if await self._kvstore_covers_prompt(spec):
+                # The decode worker loads the stored prefix itself and computes the short tail.
+                metrics.PREFILL_SKIPPED.inc()
+                async for event in self._generate(spec, decode, worker_pb2.KvHandoff()):
+                    yield event
+                return
+            for _attempt in range(2):
+                handoff = await self._prefill(spec)
+                try:
+                    async for event in self._generate(spec, decode, handoff):
+                        yield event
+                    return
+                except HandoffRejected as error:
+                    # The decode refused the KV (lease expired, transfer failed) before emitting
+                    # anything: prefill again rather than fail the request.
+                    metrics.RETRIES.labels("handoff").inc()
+                    log.warning("decode rejected the KV handoff; prefilling again", reason=str(error))
         raise errors.ApiError(
             503, "KV handoff failed twice; the workers may be overloaded", type_="service_unavailable"
         )
@@ -167,7 +181,11 @@ class Pipeline:
     async def _kvstore_covers_prompt(self, spec: GenerationSpec) -> bool:
         if self._prefix_lookup is None:
             return False
-        matched = await self._prefix_lookup.matched_tokens(spec.request_id, spec.prompt_token_ids)
+        try:
+            async with asyncio.timeout(spec.deadline.timeout()):
+                matched = await self._prefix_lookup.matched_tokens(spec.request_id, spec.prompt_token_ids)
+        except TimeoutError:
+            raise spec.deadline.exceeded() from None
         return matched > 0 and len(spec.prompt_token_ids) - matched <= self._skip_prefill_max_tail
 
     async def _prefill(self, spec: GenerationSpec) -> worker_pb2.KvHandoff:
@@ -178,27 +196,34 @@ class Pipeline:
         )
         tried: set[str] = set()
         for attempt in range(self._prefill_attempts):
-            candidates = [e for e in self._pool.healthy("prefill") if e.address not in tried]
-            if not candidates:
+            if not self._admission.serviceable("prefill", exclude=tried):
                 break
-            endpoint = self._prefill_policy.pick(candidates, spec.prompt_token_ids)
-            tried.add(endpoint.address)
-            endpoint.in_flight += 1
-            try:
-                with metrics.STAGE_SECONDS.labels("prefill").time():
-                    response = await endpoint.stub.Prefill(request, timeout=self._timeout)
-            except grpc.aio.AioRpcError as error:
-                if error.code() in _RETRYABLE:
-                    if error.code() in _EJECTING:
-                        self._pool.eject(endpoint, f"prefill failed: {error.code().name}")
-                    metrics.RETRIES.labels("prefill").inc()
-                    log.warning(
-                        "prefill failed; retrying elsewhere", address=endpoint.address, attempt=attempt
-                    )
-                    continue
-                raise _api_error(error) from error
-            finally:
-                endpoint.in_flight -= 1
+            async with self._admission.admit(
+                "prefill",
+                lambda candidates: self._prefill_policy.pick(candidates, spec.prompt_token_ids),
+                exclude=frozenset(tried),
+                deadline=spec.deadline,
+            ) as endpoint:
+                tried.add(endpoint.address)
+                endpoint.in_flight += 1
+                try:
+                    with metrics.STAGE_SECONDS.labels("prefill").time():
+                        response = await endpoint.stub.Prefill(request, timeout=spec.deadline.grpc_timeout())
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and spec.deadline.expired():
+                        raise spec.deadline.exceeded() from error
+                    if error.code() in _RETRYABLE:
+                        if error.code() in _EJECTING:
+                            self._pool.request_failed(endpoint, f"prefill failed: {error.code().name}")
+                        metrics.RETRIES.labels("prefill").inc()
+                        log.warning(
+                            "prefill failed; retrying elsewhere", address=endpoint.address, attempt=attempt
+                        )
+                        continue
+                    raise _api_error(error) from error
+                finally:
+                    endpoint.in_flight -= 1
+                self._pool.request_succeeded(endpoint)
             if not response.HasField("handoff"):
                 # EOS came first: vLLM kept no KV. Decode computes the prompt itself (counted).
                 return worker_pb2.KvHandoff()
@@ -221,6 +246,7 @@ class Pipeline:
                 request_id=spec.request_id,
                 prompt_tail=spec.prompt_token_ids[-5:],
                 stops=spec.stops,
+                deadline=spec.deadline,
             )
             for i in range(spec.sampling.n or 1)
         }
@@ -260,7 +286,7 @@ class Pipeline:
         """One worker's Generate stream as events. Its own failure after tokens were sent raises
         WorkerFailed (the request may move); other failures end the request."""
         endpoint.in_flight += 1
-        call = endpoint.stub.Generate(request, timeout=self._timeout)
+        call = endpoint.stub.Generate(request, timeout=spec.deadline.grpc_timeout())
         try:
             async for response in call:
                 kind = response.WhichOneof("kind")
@@ -268,12 +294,13 @@ class Pipeline:
                     engine_stopped = response.error.code == common_pb2.ERROR_CODE_OVERLOADED
                     if engine_stopped:
                         # The worker's own failure (its engine stopped), as UNAVAILABLE below.
-                        self._pool.eject(endpoint, "generate failed: engine unavailable")
+                        self._pool.request_failed(endpoint, "generate failed: engine unavailable")
                     if not progress.emitted:
                         raise _worker_error(response.error)
                     if engine_stopped:
                         raise WorkerFailed(f"decode worker failed mid-stream: {response.error.message}")
                     raise MidStreamError(response.error.message)
+                self._pool.request_succeeded(endpoint)  # it generates: a half-open probe passed
                 if kind == "complete":
                     usage = response.complete.usage
                     # A moved request's worker saw a longer prompt; the client's is the original.
@@ -305,8 +332,10 @@ class Pipeline:
             failure = "the decode worker closed the stream without completing"
             raise WorkerFailed(failure) if progress.emitted else MidStreamError(failure)
         except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and spec.deadline.expired():
+                raise spec.deadline.exceeded() from error
             if error.code() in _EJECTING:
-                self._pool.eject(endpoint, f"generate failed: {error.code().name}")
+                self._pool.request_failed(endpoint, f"generate failed: {error.code().name}")
             if not progress.emitted:
                 if error.code() == grpc.StatusCode.ABORTED and request.HasField("handoff"):
                     raise HandoffRejected(error.details() or "KV transfer failed") from error

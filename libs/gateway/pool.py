@@ -1,20 +1,28 @@
-"""Worker endpoints with health: polled stats, ejection on failure, reinstatement on recovery.
+"""Worker endpoints with health: polled stats and a circuit breaker per worker.
 
-Only the worker's own failures eject it (its process unreachable, its engine unavailable);
-a request it refuses as invalid is the client's mistake and never does (libs/gateway/pipeline.py).
+Only the worker's own failures count against it (its process unreachable, its engine
+unavailable, its stats poll failing); a request it refuses as invalid is the client's mistake
+and never does (libs/gateway/pipeline.py). The breaker (libs/gateway/breaker.py) decides when
+a worker is routed to: the stats poller reports every poll to it, and its answered polls are
+the probes that bring an open worker back after the cool-down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import grpc.aio
 import structlog
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.gateway.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from libs.rpc.channel import open_channel
+from libs.rpc.security import RpcSecurity
 
 log = structlog.get_logger(__name__)
 
@@ -23,15 +31,28 @@ log = structlog.get_logger(__name__)
 class Endpoint:
     address: str
     role: str  # "prefill", "decode" or "both"
-    channel: grpc.aio.Channel
+    channel: grpc.aio.Channel | None
     stub: worker_pb2_grpc.WorkerStub
+    # Routed to: its breaker is closed. Kept in step by the breaker; given here only by tests
+    # that build an endpoint without a pool (True starts the breaker closed).
     healthy: bool = False
     stats: worker_pb2.WorkerStats = field(default_factory=worker_pb2.WorkerStats)
     # Requests this gateway has in flight on the endpoint (fresher than polled stats).
     in_flight: int = 0
-    poll_failures: int = 0
-    # What the worker serves (vocabulary, context), asked once it first answers a poll.
+    # Requests admission control let onto this worker that have not ended (admission.py).
+    admitted: int = 0
+    # What the worker serves (vocabulary, context, max_num_seqs), asked once it first answers a poll.
     info: worker_pb2.WorkerInfo | None = None
+    breaker: CircuitBreaker = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.breaker is None:
+            self.breaker = CircuitBreaker(self.address, self.role, closed=self.healthy)
+        self.healthy = self.breaker.state is BreakerState.CLOSED
+        self.breaker.listeners.append(self._breaker_changed)
+
+    def _breaker_changed(self, state: BreakerState) -> None:
+        self.healthy = state is BreakerState.CLOSED
 
 
 class WorkerPool:
@@ -40,20 +61,40 @@ class WorkerPool:
         addresses: dict[str, list[str]],
         poll_interval_s: float = 1.0,
         poll_timeout_s: float = 3.0,
-        slow_polls_to_eject: int = 3,
+        breaker: BreakerConfig | None = None,
+        security: RpcSecurity | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._poll_interval_s = poll_interval_s
-        self._slow_polls_to_eject = slow_polls_to_eject
         self._poll_timeout_s = poll_timeout_s
+        self._breaker = breaker or BreakerConfig()
+        self._clock = clock  # the breakers' (tests step it)
         self.endpoints: list[Endpoint] = []
+        # Called (with no argument) after each poll round and on each breaker transition.
+        self.listeners: list[Callable[[], None]] = []
         for role, role_addresses in addresses.items():
             for address in role_addresses:
-                channel = open_channel(address)
-                self.endpoints.append(Endpoint(address, role, channel, worker_pb2_grpc.WorkerStub(channel)))
+                channel = open_channel(address, security=security)
+                self.add(address, role, worker_pb2_grpc.WorkerStub(channel), channel)
         self._task: asyncio.Task[None] | None = None
 
+    def add(self, address: str, role: str, stub: Any, channel: grpc.aio.Channel | None = None) -> Endpoint:
+        """An endpoint with this pool's breaker settings (tests pass in-memory stubs)."""
+        endpoint = Endpoint(
+            address, role, channel, stub, breaker=CircuitBreaker(address, role, self._breaker, clock=self._clock)
+        )
+        endpoint.breaker.listeners.append(lambda _state: self._changed())
+        self.endpoints.append(endpoint)
+        return endpoint
+
     def healthy(self, role: str) -> list[Endpoint]:
+        """Endpoints of `role` whose breaker is closed."""
         return [e for e in self.endpoints if e.role == role and e.healthy]
+
+    def routable(self, role: str) -> list[Endpoint]:
+        """Endpoints of `role` a request may go to now: closed, or half-open with no probe in
+        flight (the request is then the probe)."""
+        return [e for e in self.endpoints if e.role == role and e.breaker.available()]
 
     def vocab_size(self) -> int | None:
         """The smallest vocabulary the workers reported (token ids below it are valid on
@@ -61,14 +102,16 @@ class WorkerPool:
         sizes = [e.info.vocab_size for e in self.endpoints if e.info is not None and e.info.vocab_size > 0]
         return min(sizes) if sizes else None
 
-    def eject(self, endpoint: Endpoint, reason: str) -> None:
-        """Stops routing to an endpoint at once; the poller reinstates it when it answers again."""
-        if endpoint.healthy:
-            log.warning("worker ejected", address=endpoint.address, role=endpoint.role, reason=reason)
-        endpoint.healthy = False
+    def request_failed(self, endpoint: Endpoint, reason: str) -> None:
+        """The worker failed a request by its own fault (unreachable, engine unavailable)."""
+        endpoint.breaker.request_failed(reason)
+
+    def request_succeeded(self, endpoint: Endpoint) -> None:
+        endpoint.breaker.request_succeeded()
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(e) for e in self.endpoints))
+        self._changed()
 
     async def _poll(self, endpoint: Endpoint) -> None:
         try:
@@ -76,21 +119,11 @@ class WorkerPool:
                 worker_pb2.GetStatsRequest(), timeout=self._poll_timeout_s
             )
         except grpc.aio.AioRpcError as error:
-            endpoint.poll_failures += 1
-            # A refused connection means the process is gone: eject at once. A slow answer
-            # may be a busy machine: eject only after several in a row.
-            if (
-                error.code() != grpc.StatusCode.DEADLINE_EXCEEDED
-                or endpoint.poll_failures >= self._slow_polls_to_eject
-            ):
-                self.eject(endpoint, f"stats poll failed {endpoint.poll_failures}x: {error.code().name}")
+            endpoint.breaker.poll_failed(f"stats poll failed: {error.code().name}")
             return
-        endpoint.poll_failures = 0
         if endpoint.info is None:
             await self._fetch_info(endpoint)
-        if not endpoint.healthy:
-            log.info("worker healthy", address=endpoint.address, role=endpoint.role)
-        endpoint.healthy = True
+        endpoint.breaker.poll_succeeded()
 
     async def _fetch_info(self, endpoint: Endpoint) -> None:
         try:
@@ -98,8 +131,12 @@ class WorkerPool:
                 worker_pb2.GetInfoRequest(), timeout=self._poll_timeout_s
             )
         except grpc.aio.AioRpcError as error:
-            # Only an edge check depends on it (the worker checks again): asked at the next poll.
+            # Only edge checks and the in-flight bound depend on it: asked at the next poll.
             log.debug("worker info not available yet", address=endpoint.address, code=error.code().name)
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     async def start(self) -> None:
         await self.poll_once()
@@ -113,4 +150,5 @@ class WorkerPool:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        await asyncio.gather(*(e.channel.close() for e in self.endpoints), return_exceptions=True)
+        channels = [e.channel for e in self.endpoints if e.channel is not None]
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)

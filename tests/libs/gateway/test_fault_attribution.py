@@ -17,6 +17,7 @@ from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway import errors
+from libs.gateway.breaker import BreakerConfig
 from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest
 from libs.gateway.pipeline import Finished, GenerationSpec, Pipeline, SequenceEvent
 from libs.gateway.pool import WorkerPool
@@ -133,7 +134,8 @@ class Stack:
             ]
             for role, workers in roles.items()
         }
-        pool = WorkerPool(addresses)
+        # One failure stops routing to a worker, so each test sees the breaker act at once.
+        pool = WorkerPool(addresses, breaker=BreakerConfig(failures_to_open=1))
         await pool.start()
         self.pools.append(pool)
         stub = tokenizer_pb2_grpc.TokenizerStub(open_channel(tokenizer_address))

@@ -15,6 +15,7 @@ from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway import errors
+from libs.gateway.breaker import BreakerConfig
 from libs.gateway.pipeline import (
     Finished,
     GenerationSpec,
@@ -137,7 +138,8 @@ class Stack:
             ]
             for role, workers in roles.items()
         }
-        pool = WorkerPool(addresses)
+        # One failure stops routing to a worker, so each test sees the breaker act at once.
+        pool = WorkerPool(addresses, breaker=BreakerConfig(failures_to_open=1))
         await pool.start()
         stub = tokenizer_pb2_grpc.TokenizerStub(open_channel(tokenizer_address))
         policies = create_policy("round_robin"), create_policy("least_load")

@@ -42,27 +42,33 @@ def test_least_load_prefers_fewer_in_flight_then_queue_then_kv() -> None:
 
 
 @pytest.mark.anyio
-async def test_slow_polls_eject_only_after_several_but_refusals_at_once() -> None:
+async def test_failed_polls_stop_routing_after_several_and_an_answered_one_after_the_cool_down_resumes() -> (
+    None
+):
     import grpc
 
+    from libs.gateway.breaker import BreakerConfig
     from libs.gateway.pool import WorkerPool
+    from tests.libs.gateway.fake_workers import FakeWorker
 
-    class Stub:
-        def __init__(self, code: grpc.StatusCode) -> None:
-            self.code = code
-
-        async def GetStats(self, request: object, **_options: object) -> object:
-            raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata())
-
-    pool = WorkerPool({}, slow_polls_to_eject=3)
-    slow, gone = endpoint("a:1"), endpoint("b:1")
-    slow.stub, gone.stub = Stub(grpc.StatusCode.DEADLINE_EXCEEDED), Stub(grpc.StatusCode.UNAVAILABLE)  # type: ignore[assignment]
-    pool.endpoints = [slow, gone]
+    now = [0.0]
+    pool = WorkerPool({}, breaker=BreakerConfig(failures_to_open=3, cooldown_s=5), clock=lambda: now[0])
+    worker = FakeWorker()
+    e = pool.add("a:1", "prefill", worker)
     await pool.poll_once()
-    assert slow.healthy and not gone.healthy
+    assert e.healthy and e.info is not None and e.info.max_num_seqs == 8
+    worker.poll_fail = grpc.StatusCode.UNAVAILABLE
     await pool.poll_once()
     await pool.poll_once()
-    assert not slow.healthy
+    assert e.healthy
+    await pool.poll_once()
+    assert not e.healthy and pool.routable("prefill") == []
+    worker.poll_fail = None
+    await pool.poll_once()  # answers, but within the cool-down
+    assert not e.healthy
+    now[0] += 5
+    await pool.poll_once()
+    assert e.healthy and pool.routable("prefill") == [e]
 
 
 def test_prefix_affinity_returns_a_prefix_to_the_worker_that_computed_it() -> None:
