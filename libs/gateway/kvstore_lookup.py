@@ -15,13 +15,20 @@ import structlog
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from libs.rpc.channel import open_channel
+from libs.rpc.security import RpcSecurity
 
 log = structlog.get_logger(__name__)
 
 
 class KvStoreLookup:
-    def __init__(self, address: str, layout: common_pb2.KvLayout, timeout_s: float = 0.5) -> None:
-        self._channel = open_channel(address)
+    def __init__(
+        self,
+        address: str,
+        layout: common_pb2.KvLayout,
+        timeout_s: float = 0.5,
+        security: RpcSecurity | None = None,
+    ) -> None:
+        self._channel = open_channel(address, security=security)
         self._stub = kvstore_pb2_grpc.KvStoreStub(self._channel)
         self._layout = layout
         self._timeout_s = timeout_s

@@ -17,7 +17,8 @@ import grpc
 from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from libs.kvconnector.plan import LookupResult
-from libs.rpc.options import RpcOptions
+from libs.rpc.channel import open_blocking_channel
+from libs.rpc.security import RpcSecurity
 
 
 class KvStoreUnavailable(Exception):
@@ -25,11 +26,18 @@ class KvStoreUnavailable(Exception):
 
 
 class KvStoreClient:
-    def __init__(self, address: str, layout: common_pb2.KvLayout, timeout_s: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        layout: common_pb2.KvLayout,
+        timeout_s: float,
+        security: RpcSecurity | None = None,
+    ) -> None:
         self.address = address
         self._layout = layout
         self._timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=RpcOptions().as_grpc_options())
+        # TLS/mTLS and the token as the worker's --grpc-* flags say (the kvstore checks them).
+        self._channel = open_blocking_channel(address, security=security)
         self._stub = kvstore_pb2_grpc.KvStoreStub(self._channel)
 
     def lookup(self, request_id: str, token_ids: Sequence[int]) -> LookupResult:

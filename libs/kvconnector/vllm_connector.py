@@ -25,7 +25,9 @@ Loaded via vLLM's `kv_connector_module_path`; settings come from kv_connector_ex
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.model_executor.models.utils import extract_layer_index
 
+from libs.config.flags import parse
+from libs.config.groups import GrpcSecurityFlags
 from libs.kvconnector import paged
 from libs.kvconnector.client import KvStoreClient, KvStoreUnavailable
 from libs.kvconnector.counters import CounterBox, KvStoreConnectorStats, KvStorePromMetrics
@@ -54,6 +58,7 @@ from libs.kvconnector.saver import BackgroundSaver
 from libs.kvlayout.from_vllm import engine_kv_facts
 from libs.kvlayout.layout import kv_layout
 from libs.kvstore.chunks import tensor_crc32c
+from libs.rpc.security import RpcSecurity, load_security
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
@@ -77,6 +82,8 @@ class ConnectorSettings:
     # After a failed Lookup, requests skip the kvstore for this long instead of each waiting
     # for the same failure inside vLLM's scheduler loop.
     retry_after_s: float = 5.0
+    # The worker's --grpc-* flags (file paths only) for the channel to the kvstore.
+    grpc_flags: tuple[str, ...] = ()
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any]) -> ConnectorSettings:
@@ -87,7 +94,13 @@ class ConnectorSettings:
             encode_mxint8=bool(extra.get("kvstore_mxint8", False)),
             timeout_s=float(extra.get("kvstore_timeout_s", 2.0)),
             retry_after_s=float(extra.get("kvstore_retry_after_s", 5.0)),
+            grpc_flags=tuple(str(f) for f in extra.get("kvstore_grpc_flags", ())),
         )
+
+    def security(self, environ: Mapping[str, str]) -> RpcSecurity:
+        """The channel's TLS material and token, read here in the engine's process (vLLM's
+        config carries only paths; the token may come from the inherited environment)."""
+        return load_security(parse(GrpcSecurityFlags, list(self.grpc_flags)), environ)
 
 
 @dataclass
@@ -140,7 +153,12 @@ class KvStoreConnector(KVConnectorBase_V1):
         return self._client
 
     def _new_client(self) -> KvStoreClient:
-        return KvStoreClient(self._settings.address, self._layout, self._settings.timeout_s)
+        return KvStoreClient(
+            self._settings.address,
+            self._layout,
+            self._settings.timeout_s,
+            security=self._settings.security(os.environ),
+        )
 
     # ---- scheduler half ------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ cannot send metadata. The token is compared in constant time and never logged.
 
 from __future__ import annotations
 
+import collections
 import hmac
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -111,3 +112,53 @@ class _StreamStream(_Interceptor, grpc.aio.StreamStreamClientInterceptor):
 
 def token_client_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
     return [_UnaryUnary(token), _UnaryStream(token), _StreamUnary(token), _StreamStream(token)]
+
+
+# The blocking API (grpc.Channel), for clients inside vLLM's engine process (libs/kvconnector).
+class _BlockingCallDetails(
+    collections.namedtuple(
+        "_BlockingCallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _BlockingTokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    def __init__(self, token: str) -> None:
+        self._header = f"Bearer {token}"
+
+    def _details(self, details: Any) -> _BlockingCallDetails:
+        metadata = [m for m in (details.metadata or ()) if m[0] != AUTHORIZATION]
+        metadata.append((AUTHORIZATION, self._header))
+        return _BlockingCallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:
+    """A blocking channel that sends `token` on every call."""
+    return grpc.intercept_channel(channel, _BlockingTokenInterceptor(token))

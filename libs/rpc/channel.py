@@ -3,9 +3,10 @@ configured, TLS/mTLS and the shared bearer token (security.py)."""
 
 from __future__ import annotations
 
+import grpc
 import grpc.aio
 
-from libs.rpc.auth import token_client_interceptors
+from libs.rpc.auth import token_client_interceptors, with_token
 from libs.rpc.options import RpcOptions
 from libs.rpc.request_id import request_id_client_interceptors
 from libs.rpc.security import RpcSecurity
@@ -29,3 +30,18 @@ def open_channel(
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=grpc_options, interceptors=interceptors)
     return grpc.aio.secure_channel(address, credentials, options=grpc_options, interceptors=interceptors)
+
+
+def open_blocking_channel(
+    address: str, options: RpcOptions | None = None, security: RpcSecurity | None = None
+) -> grpc.Channel:
+    """The blocking-API twin of open_channel (no request-id propagation), for code that
+    vLLM calls synchronously."""
+    security = security or RpcSecurity()
+    grpc_options = [*(options or RpcOptions()).as_grpc_options(), *security.channel_options()]
+    credentials = security.channel_credentials()
+    if credentials is None:
+        channel = grpc.insecure_channel(address, options=grpc_options)
+    else:
+        channel = grpc.secure_channel(address, credentials, options=grpc_options)
+    return with_token(channel, security.token) if security.token else channel

@@ -25,7 +25,10 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.config.flags import render
+from libs.config.groups import GrpcSecurityFlags
+from libs.rpc.channel import open_channel
 from libs.rpc.ports import read_port_file
+from libs.rpc.security import RpcSecurity, load_security
 from libs.stack import process as processes
 from libs.stack.process import LaunchError, ProcessSpec, RunningProcess
 
@@ -44,6 +47,8 @@ class Service:
     ready: bool = False
     started_at: float = field(default_factory=time.monotonic)
     ready_after_s: float | None = None
+    # What its health is checked with: its own --grpc-* TLS files (health needs no token).
+    security: RpcSecurity = field(default_factory=RpcSecurity)
 
     @property
     def port(self) -> int | None:
@@ -116,7 +121,7 @@ class Service:
         if self.port is None:
             return False
         try:
-            async with grpc.aio.insecure_channel(self.address) as channel:
+            async with open_channel(self.address, security=self.security) as channel:
                 response = await health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(), timeout=1
                 )
@@ -137,7 +142,8 @@ def start_service(name: str, role: str, module: str, config: Any, log_dir: Path)
     argv = processes.python_module(module, render(replace(config, port_file=port_file)))
     running = processes.start(ProcessSpec(name=name, argv=argv), log_dir)
     log.info("started", service=name, pid=running.pid, log=str(running.log_path))
-    return Service(name, role, running, port_file, host=config.host)
+    security = load_security(config, {}) if isinstance(config, GrpcSecurityFlags) else RpcSecurity()
+    return Service(name, role, running, port_file, host=config.host, security=security)
 
 
 async def wait_ready(services: list[Service], timeout_s: float, *, progress: bool = False) -> None:

@@ -2,18 +2,23 @@
 
 Every child's command line is its config type rendered back to flags; the configs are
 composed from the stack's flag groups (the `--decode-*` group becomes a decode worker's
-RoleFlags), so a flag added to a group reaches the children with no code here.
+RoleFlags), so a flag added to a group reaches the children with no code here. The gateway's
+--grpc-* flags (GrpcSecurityFlags) reach every child, so one token file or certificate set
+secures the whole stack.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import structlog
 
 from libs.config.flags import compose
-from libs.config.groups import EngineFlags, LoggingFlags, ModelFlags, RoleFlags
+from libs.config.groups import EngineFlags, GrpcSecurityFlags, LoggingFlags, ModelFlags, RoleFlags
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.models.resolve import resolve_model
@@ -60,7 +65,12 @@ def with_default_groups(config: StackConfig, cores: tuple[int, ...]) -> StackCon
 
 
 def worker_config(
-    config: StackConfig, role: Role, options: StackRole, index: int, kvstore_address: str | None
+    config: StackConfig,
+    role: Role,
+    options: StackRole,
+    index: int,
+    kvstore_address: str | None,
+    security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
 ) -> WorkerConfig:
     if role is Role.PREFILL:
         options = replace(options, speculative_config=_prefill_speculative_config(config))
@@ -70,6 +80,7 @@ def worker_config(
         (config, EngineFlags),
         (config, LoggingFlags),
         (options, RoleFlags),
+        (security, GrpcSecurityFlags),
         role=role,
         port=options.port + index if options.port else 0,
         kvstore_address=kvstore_address,
@@ -86,11 +97,13 @@ def _prefill_speculative_config(config: StackConfig) -> str | None:
     return None
 
 
-def _start_kvstore(config: StackConfig, stack: LocalStack) -> str | None:
+def _start_kvstore(config: StackConfig, stack: LocalStack, security: GrpcSecurityFlags) -> str | None:
     """The kvstore the workers use: the one given, one started here, or none."""
     if not config.kvstore:
         return config.kvstore_address
-    kvstore = KvStoreProcessConfig(
+    kvstore = compose(
+        KvStoreProcessConfig,
+        (security, GrpcSecurityFlags),
         log_level=config.log_level,
         log_json=config.log_json,
         store=KvStoreConfig(cpu_bytes=config.kvstore_cpu_bytes, redis_url=config.kvstore_redis_url),
@@ -99,14 +112,21 @@ def _start_kvstore(config: StackConfig, stack: LocalStack) -> str | None:
     return stack.start("kvstore", "kvstore", "services.kvstore.main", kvstore).wait_bound()
 
 
-async def launch(config: StackConfig, stack: LocalStack) -> StackAddresses:
-    """Starts the tokenizer, the kvstore (if asked) and the workers; returns once all serve."""
+async def launch(
+    config: StackConfig,
+    stack: LocalStack,
+    security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
+) -> StackAddresses:
+    """Starts the tokenizer, the kvstore (if asked) and the workers; returns once all serve.
+    Every child gets `security`'s flags: it serves, and calls the others, with them."""
     resolved = resolve_model(config.model, config.model_cache_dir, progress=True)
     served = config.served_model_name or resolved.served_name
     config = replace(config, model=str(resolved.path), served_model_name=served)
-    stack.start("tokenizer", "tokenizer", "services.tokenizer.main", compose(
-        TokenizerServerConfig, (config, ModelFlags), (config, LoggingFlags)))  # fmt: skip
-    kvstore_address = _start_kvstore(config, stack)
+    tokenizer = compose(
+        TokenizerServerConfig, (config, ModelFlags), (config, LoggingFlags), (security, GrpcSecurityFlags)
+    )
+    stack.start("tokenizer", "tokenizer", "services.tokenizer.main", tokenizer)
+    kvstore_address = _start_kvstore(config, stack, security)
     config = with_default_groups(config, usable_cores())
     topology = config.mode
     # (name prefix, role, how many, options): colocated workers take the decode options.
@@ -117,7 +137,7 @@ async def launch(config: StackConfig, stack: LocalStack) -> StackAddresses:
     ]
     for prefix, role, count, options in launches:
         for i in range(count):
-            worker = worker_config(config, role, options, i, kvstore_address)
+            worker = worker_config(config, role, options, i, kvstore_address, security)
             stack.start(f"{prefix}-{i}", role.value, "services.worker.main", worker)
     print(
         f"cleave: starting a local {topology.name} stack with {served} (logs in {stack.log_dir})",
@@ -127,3 +147,14 @@ async def launch(config: StackConfig, stack: LocalStack) -> StackAddresses:
     await stack.wait_ready(config.startup_timeout_s)
     workers = {role: stack.addresses(role) for role in ("prefill", "decode", "both")}
     return StackAddresses(stack.addresses("tokenizer")[0], workers, served, kvstore_address)
+
+
+def write_stack_token(directory: Path) -> Path:
+    """A fresh random token in a file only this user can read (`directory` should be private,
+    e.g. from tempfile.mkdtemp), for --grpc-token-file: the local stack's loopback services
+    then refuse calls from other local users, who can read command lines but not the file."""
+    path = directory / "grpc-token"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secrets.token_urlsafe(32))
+    return path

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libs.config.flags import parse
-from libs.config.groups import LoggingFlags, ModelFlags, ServerFlags
+from libs.config.groups import GrpcSecurityFlags, LoggingFlags, ModelFlags, ServerFlags
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenizerServerConfig(ServerFlags, LoggingFlags, ModelFlags):
+class TokenizerServerConfig(ServerFlags, LoggingFlags, ModelFlags, GrpcSecurityFlags):
     """Cleave tokenizer: chat templates, tokenize, streaming detokenize with stop strings.
 
     `--max-model-len` is only reported by GetInfo: the gateway checks prompt + max_tokens

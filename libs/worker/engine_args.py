@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from libs.config.flags import compose, render
+from libs.config.groups import GrpcSecurityFlags
 from libs.worker.config import Device, Role, WorkerConfig
 from libs.worker.speculative import vllm_speculative_kwargs
 
@@ -99,19 +101,25 @@ def _nixl_connector(config: WorkerConfig) -> dict[str, Any]:
 
 
 def _kvstore_connector(config: WorkerConfig) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        "kvstore_address": config.kvstore_address,
+        "kvstore_chunk_tokens": config.kvstore_chunk_tokens,
+        "kvstore_timeout_s": config.kvstore_timeout_s,
+        "kvstore_save": config.role is not Role.DECODE,
+        "kvstore_mxint8": config.kv_cache_dtype == "mxint8" and config.device is not Device.QAIC,
+    }
+    grpc_flags = render(compose(GrpcSecurityFlags, (config, GrpcSecurityFlags)))
+    if grpc_flags:
+        # The worker's --grpc-* flags, paths only: the connector reads the files in the engine's
+        # process and calls the kvstore with the same TLS and token as the worker's server.
+        extra["kvstore_grpc_flags"] = grpc_flags
     return {
         "kv_connector": "KvStoreConnector",
         "kv_connector_module_path": "libs.kvconnector.vllm_connector",
         "kv_role": "kv_both",
         # A chunk that cannot be loaded is computed instead of failing the request.
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "kvstore_address": config.kvstore_address,
-            "kvstore_chunk_tokens": config.kvstore_chunk_tokens,
-            "kvstore_timeout_s": config.kvstore_timeout_s,
-            "kvstore_save": config.role is not Role.DECODE,
-            "kvstore_mxint8": config.kv_cache_dtype == "mxint8" and config.device is not Device.QAIC,
-        },
+        "kv_connector_extra_config": extra,
     }
 
 

@@ -18,6 +18,7 @@ import structlog
 from libs.kvstore.server_config import KvStoreProcessConfig, parse_args
 from libs.observability.logging import configure_logging
 from libs.observability.metrics import start_metrics_server
+from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
 
 if TYPE_CHECKING:
@@ -39,8 +40,16 @@ async def expire_leases_forever(store: KvStore) -> None:
         await asyncio.to_thread(store.expire_leases)
 
 
-async def run(process: KvStoreProcessConfig, store: KvStore, service: ServiceBinding) -> None:
-    server_config = ServerConfig(host=process.host, port=process.port, port_file=process.port_file)
+async def run(
+    process: KvStoreProcessConfig, store: KvStore, service: ServiceBinding, security: RpcSecurity
+) -> None:
+    server_config = ServerConfig(
+        host=process.host,
+        port=process.port,
+        port_file=process.port_file,
+        reflection=process.grpc_reflection,
+        security=security,
+    )
     server = GrpcServer(server_config, [service])
     sweeper = asyncio.create_task(expire_leases_forever(store))
     try:
@@ -55,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         process = parse_args(argv)
         configure_logging(level=process.effective_log_level, json=process.log_json, service="kvstore")
+        security = load_security(process, os.environ)  # --grpc-*: TLS files, the token
     except ValueError as error:  # ConfigError, bad --log-level
         print(f"cleave kvstore: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
@@ -75,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if process.metrics_port is not None:
             port = start_metrics_server(process.metrics_port, host=process.host)
             log.info("metrics server started", port=port)
-        asyncio.run(run(process, store, binding(KvStoreServicer(store))))
+        asyncio.run(run(process, store, binding(KvStoreServicer(store)), security))
     finally:
         store.close()
         log.info("kvstore closed")

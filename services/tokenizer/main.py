@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
@@ -15,6 +16,7 @@ from libs.models.errors import ModelConversionError
 from libs.models.resolve import resolve_model
 from libs.models.spec import fitted_context_length
 from libs.observability.logging import configure_logging
+from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
 from libs.tokenization import Tokenizer
 from libs.tokenization import TokenizerConfig as TokenizerFiles
@@ -38,8 +40,14 @@ def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
     )
 
 
-async def run(process: TokenizerServerConfig, servicer: TokenizerServicer) -> None:
-    server_config = ServerConfig(host=process.host, port=process.port, port_file=process.port_file)
+async def run(process: TokenizerServerConfig, servicer: TokenizerServicer, security: RpcSecurity) -> None:
+    server_config = ServerConfig(
+        host=process.host,
+        port=process.port,
+        port_file=process.port_file,
+        reflection=process.grpc_reflection,
+        security=security,
+    )
     server = GrpcServer(server_config, [binding(servicer)])
     await serve_until_signal(server)
 
@@ -48,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         process = parse_args(argv)
         configure_logging(level=process.effective_log_level, json=process.log_json, service="tokenizer")
+        security = load_security(process, os.environ)  # --grpc-*: TLS files, the token
         servicer = load_servicer(process)
     # ConfigError, ModelNotFoundError and tokenizer load failures are all ValueErrors;
     # FileNotFoundError: a resolved folder without tokenizer files.
@@ -55,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line, even when a library's message spans several.
         print(f"cleave tokenizer: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
-    asyncio.run(run(process, servicer))
+    asyncio.run(run(process, servicer, security))
     return 0
 
 

@@ -25,6 +25,7 @@ from libs.observability.logging import configure_logging
 from libs.observability.metrics import start_metrics_server
 from libs.rpc.deferred import DeferredServicer
 from libs.rpc.ports import free_port
+from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
 from libs.worker.config import Device, WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
@@ -87,14 +88,20 @@ def pin_to_cores(cores: tuple[int, ...]) -> None:
     os.sched_setaffinity(0, cores)
 
 
-async def run(config: WorkerConfig) -> None:
+async def run(config: WorkerConfig, security: RpcSecurity) -> None:
     # vLLM reads these from the environment; set them before it is imported.
     os.environ.update(engine_environment(config))
     from libs.worker.vllm_engine import VllmEngine
 
     deferred = DeferredServicer(WorkerServicer)
     server = GrpcServer(
-        ServerConfig(host=config.host, port=config.port, port_file=config.port_file),
+        ServerConfig(
+            host=config.host,
+            port=config.port,
+            port_file=config.port_file,
+            reflection=config.grpc_reflection,
+            security=security,
+        ),
         [ServiceBinding(SERVICE_NAME, deferred, worker_pb2_grpc.add_WorkerServicer_to_server)],
     )
     engines: list[VllmEngine] = []
@@ -126,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(
             level=config.effective_log_level, json=config.log_json, service=f"worker-{config.role.value}"
         )
+        security = load_security(config, os.environ)  # --grpc-*: TLS files, the token
         config = resolved(config)
         if config.device is Device.CPU and config.device_group:
             pin_to_cores(config.device_group)  # fails here, with the flag's name, on a bad group
@@ -140,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if config.metrics_port is not None:
         start_metrics_server(config.metrics_port)
-    asyncio.run(run(config))
+    asyncio.run(run(config, security))
     return 0
 
 

@@ -8,7 +8,7 @@ import pytest
 from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, POSITIVE_INT
 from libs.config.errors import ConfigError
 from libs.config.flags import PATH, build_parser, compose, flag, group, parse, render
-from libs.config.groups import LoggingFlags, ModelFlags, RoleFlags, ServerFlags
+from libs.config.groups import GrpcSecurityFlags, LoggingFlags, ModelFlags, RoleFlags, ServerFlags
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.tokenization.server_config import TokenizerServerConfig
 from libs.worker.config import Role, WorkerConfig
@@ -72,6 +72,13 @@ def test_help_shows_defaults() -> None:
     assert "--first-size" in text and "default: 1MiB" in text
 
 
+GRPC_SECURITY_ARGV = [
+    "--grpc-reflection", "--grpc-tls-cert-file", "/etc/cleave/tls.crt", "--grpc-tls-key-file", "/etc/cleave/tls.key",
+    "--grpc-tls-ca-file", "/etc/cleave/ca.crt", "--grpc-tls-server-name", "cleave.internal",
+    "--grpc-token-file", "/run/cleave/token",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("cls", "argv"),
     [
@@ -80,6 +87,7 @@ def test_help_shows_defaults() -> None:
         (WorkerConfig, ["--role", "prefill", "--override-qaic-config", "a:1", "--device", "qaic", "--log-json"]),
         (TokenizerServerConfig, ["--model", "/m", "--max-model-len", "8192", "--port-file", "/tmp/p"]),
         (KvStoreProcessConfig, ["--cpu-bytes", "512MiB", "--disk-dir", "/tmp/kv", "--redis-url", "redis://h:1"]),
+        *((cls, GRPC_SECURITY_ARGV) for cls in (WorkerConfig, TokenizerServerConfig, KvStoreProcessConfig)),
     ],
 )  # fmt: skip
 def test_every_service_config_round_trips(cls: type, argv: list[str]) -> None:
@@ -105,3 +113,16 @@ def test_repeatable_verbose_flag_as_in_qaic_disagg_commands() -> None:
     assert config.verbose == 3 and config.effective_log_level == "debug"
     assert render(config) == ["-v", "-v", "-v"] and parse(TokenizerServerConfig, render(config)) == config
     assert parse(TokenizerServerConfig, []).effective_log_level == "info"
+
+
+def test_grpc_security_flags_default_to_plaintext_without_reflection_and_reach_each_service() -> None:
+    assert parse(GrpcSecurityFlags, []) == GrpcSecurityFlags() and render(GrpcSecurityFlags()) == []
+    flags = parse(GrpcSecurityFlags, GRPC_SECURITY_ARGV)
+    assert flags.grpc_reflection and flags.grpc_token_file == Path("/run/cleave/token")
+    assert flags.grpc_tls_server_name == "cleave.internal"
+    assert parse(GrpcSecurityFlags, render(flags)) == flags
+    # How the gateway hands its group to a child: every flag of the group, nothing else.
+    worker = compose(WorkerConfig, (flags, GrpcSecurityFlags), role=Role.DECODE)
+    argv = render(worker)
+    assert len(argv) == len(["--role", "decode", *render(flags)]) and parse(WorkerConfig, argv) == worker
+    assert compose(GrpcSecurityFlags, (worker, GrpcSecurityFlags)) == flags

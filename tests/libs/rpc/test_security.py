@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.errors import ConfigError
 from libs.config.groups import GrpcSecurityFlags
-from libs.rpc.channel import open_channel
+from libs.rpc.channel import open_blocking_channel, open_channel
 from libs.rpc.security import TOKEN_ENV, RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
 from tests.libs.rpc.certs import Pem, make_ca, make_leaf
@@ -153,6 +154,29 @@ async def test_token_and_mtls_together(pki: dict[str, Pem]) -> None:
         assert await get_info(server.address, no_token) == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await server.stop()
+
+
+async def test_blocking_channels_speak_tls_and_send_the_token(pki: dict[str, Pem]) -> None:
+    """The kvstore connector's channel (blocking API, inside vLLM's engine process)."""
+    server = await started(tls(pki["service"], pki["ca"], token=TOKEN))
+    try:
+        for security, expected in [
+            (tls(pki["service"], pki["ca"], token=TOKEN), grpc.StatusCode.OK),
+            (tls(pki["service"], pki["ca"]), grpc.StatusCode.UNAUTHENTICATED),
+            (RpcSecurity(token=TOKEN), grpc.StatusCode.UNAVAILABLE),
+        ]:
+            assert await asyncio.to_thread(blocking_get_info, server.address, security) == expected
+    finally:
+        await server.stop()
+
+
+def blocking_get_info(address: str, security: RpcSecurity) -> grpc.StatusCode:
+    with open_blocking_channel(address, security=security) as channel:
+        try:
+            worker_pb2_grpc.WorkerStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
+        except grpc.RpcError as error:
+            return error.code()  # type: ignore[attr-defined,no-any-return]
+    return grpc.StatusCode.OK
 
 
 async def list_services(channel: grpc.aio.Channel) -> grpc.StatusCode | set[str]:

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from libs.config.flags import parse, render
+import stat
+from pathlib import Path
+
+from libs.config.flags import compose, parse, render
+from libs.config.groups import GrpcSecurityFlags
 from libs.stack.config import StackConfig
-from libs.stack.local import split_cores, with_default_groups, worker_config
+from libs.stack.local import split_cores, with_default_groups, worker_config, write_stack_token
 from libs.worker.config import Role, WorkerConfig
 
 
@@ -50,3 +54,21 @@ def test_default_groups_split_the_usable_cores() -> None:
     assert colocated.decode.device_group == ()
     given = with_default_groups(parse(StackConfig, ["--decode-device-group", "1"]), (0, 1))
     assert given.prefill.device_group == ()
+
+
+def test_the_gateways_grpc_security_flags_reach_every_child(tmp_path: Path) -> None:
+    security = GrpcSecurityFlags(grpc_token_file=tmp_path / "token", grpc_tls_ca_file=tmp_path / "ca.pem")
+    config = parse(StackConfig, [])
+    worker = worker_config(config, Role.DECODE, config.decode, 0, None, security)
+    assert compose(GrpcSecurityFlags, (worker, GrpcSecurityFlags)) == security
+    argv = render(worker)
+    assert argv[argv.index("--grpc-token-file") + 1] == str(tmp_path / "token")
+    assert "--grpc-token-file" not in render(worker_config(config, Role.DECODE, config.decode, 0, None))
+
+
+def test_a_stack_token_is_random_and_readable_by_this_user_only(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = write_stack_token(tmp_path / "a"), write_stack_token(tmp_path / "b")
+    assert stat.S_IMODE(first.stat().st_mode) == 0o600
+    assert len(first.read_text()) >= 32 and first.read_text() != second.read_text()

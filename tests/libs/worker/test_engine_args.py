@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from libs.config.errors import ConfigError
+from libs.config.flags import parse
+from libs.config.groups import GrpcSecurityFlags
 from libs.worker.config import Device, Role, WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
 
@@ -114,7 +117,10 @@ def test_invalid_configs_fail_with_the_flag_name() -> None:
 def test_a_kvstore_joins_nixl_through_multiconnector() -> None:
     kwargs = engine_kwargs(
         config(
-            role=Role.PREFILL, kvstore_address="127.0.0.1:7000", kvstore_chunk_tokens=128, kvstore_timeout_s=0.5
+            role=Role.PREFILL,
+            kvstore_address="127.0.0.1:7000",
+            kvstore_chunk_tokens=128,
+            kvstore_timeout_s=0.5,
         )
     )
     transfer = kwargs["kv_transfer_config"]
@@ -153,3 +159,18 @@ def test_mxint8_is_the_kvstore_format_and_the_engine_cache_stays_native() -> Non
 def test_on_qaic_mxint8_is_the_engine_cache_dtype_as_in_qaic_disagg() -> None:
     kwargs = engine_kwargs(config(role=Role.BOTH, device=Device.QAIC, kv_cache_dtype="mxint8"))
     assert kwargs["kv_cache_dtype"] == "mxint8"
+
+
+def test_the_kvstore_connector_calls_with_the_workers_grpc_security_flags() -> None:
+    paths = {
+        "grpc_tls_cert_file": Path("/c.pem"),
+        "grpc_tls_key_file": Path("/k.pem"),
+        "grpc_tls_ca_file": Path("/ca.pem"),
+        "grpc_token_file": Path("/token"),
+    }
+    kwargs = engine_kwargs(config(role=Role.BOTH, kvstore_address="h:1", **paths))
+    extra = kwargs["kv_transfer_config"]["kv_connector_extra_config"]
+    # Paths only (the connector reads the files in the engine's process), parsed back alike.
+    assert parse(GrpcSecurityFlags, extra["kvstore_grpc_flags"]) == GrpcSecurityFlags(**paths)  # type: ignore[arg-type]
+    plain = engine_kwargs(config(role=Role.BOTH, kvstore_address="h:1"))
+    assert "kvstore_grpc_flags" not in plain["kv_transfer_config"]["kv_connector_extra_config"]
