@@ -34,8 +34,6 @@ class StopStringMatcher:
                 raise ValueError(f"stop strings must be non-empty strings, got {stop!r}")
         self._stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
         self._include_stop = include_stop_str_in_output
-        # A held suffix is a proper prefix of some stop, so never this long.
-        self._max_held = max((len(stop) for stop in self._stops), default=1) - 1
         self._held = ""
         self._matched: str | None = None
 
@@ -78,9 +76,19 @@ class StopStringMatcher:
         return None if best is None else (best[1], best[2])
 
     def _partial_stop_len(self, text: str) -> int:
-        """Length of the longest suffix of text that is a proper prefix of a stop."""
-        for length in range(min(self._max_held, len(text)), 0, -1):
-            suffix = text[len(text) - length :]
-            if any(stop.startswith(suffix) for stop in self._stops):
-                return length
-        return 0
+        """Length of the longest suffix of text that is a proper prefix of a stop.
+
+        Runs on every token of every stream with stops, so it works in C-level string
+        searches: per stop, only positions holding the stop's first character within its
+        length of the end are tried, leftmost (longest) first. Ordinary text has none, so a
+        token costs about one `find` per stop, however many and long the stops are.
+        """
+        best = 0
+        for stop in self._stops:
+            position = text.find(stop[0], max(len(text) - len(stop) + 1, 0))
+            while position >= 0 and len(text) - position > best:
+                if stop.startswith(text[position:]):
+                    best = len(text) - position
+                    break
+                position = text.find(stop[0], position + 1)
+        return best

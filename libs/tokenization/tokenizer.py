@@ -4,6 +4,7 @@ Always loads with local_files_only: serving processes must never reach for the
 hub at run time, and a missing file should fail at startup, not mid-request.
 """
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,17 @@ class Tokenizer:
             has_chat_template=chat_template is not None,
         )
         return tokenizer
+
+    def copy(self) -> "Tokenizer":
+        """An independent tokenizer for another thread: one HF fast tokenizer must not be
+        used from several threads at once ("Already borrowed" once a call changes its
+        truncation or padding state)."""
+        return Tokenizer(
+            copy.deepcopy(self._hf),
+            eos_token_ids=self._eos_token_ids,
+            chat_template=self._chat_template,
+            source=self._source,
+        )
 
     @property
     def vocab_size(self) -> int:

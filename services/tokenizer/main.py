@@ -37,6 +37,7 @@ def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
         # As the workers do: the model's own length unless a shorter one is asked for; 0 =
         # unknown (the gateway checks lengths against the workers' value, not this one).
         max_model_len=fitted_context_length(process.max_model_len, resolved.path) or 0,
+        max_concurrent_tokenizations=process.max_concurrent_tokenizations,
     )
 
 

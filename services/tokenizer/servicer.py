@@ -1,9 +1,10 @@
 """gRPC adapter of the tokenizer: messages in and out, errors -> status codes through
 libs.rpc.errors (bad input -> INVALID_ARGUMENT, a bug -> INTERNAL with a fixed message).
 
-Tokenizing runs inline on the event loop: the Rust tokenizer takes microseconds per token,
-and HF fast tokenizers are not safe to call from several threads at once ("Already
-borrowed"). Scale out with more processes, not threads.
+The unary calls (templating, tokenizing, whole-text decoding: milliseconds to seconds for a
+long prompt) run on a bounded pool of threads, each with its own copy of the tokenizer
+(libs/tokenization/offload.py), so one huge prompt does not stall the other requests. The
+streaming detokenizer's per-token work stays on the event loop: microseconds a token.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from libs.rpc import errors
 from libs.rpc.errors import FailedPrecondition, InvalidRequest
 from libs.rpc.server import ServiceBinding
 from libs.tokenization import ChatMessage, Tokenizer
+from libs.tokenization.offload import TokenizerThreads
 from services.tokenizer.stream import DetokenizeSession, check_token_ids
 
 log = structlog.get_logger(__name__)
@@ -62,25 +64,37 @@ def chat_messages(messages: Sequence[tokenizer_pb2.ChatMessage]) -> list[ChatMes
 
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
-    def __init__(self, tokenizer: Tokenizer, *, model: str, max_model_len: int) -> None:
-        self._tokenizer = tokenizer
+    def __init__(
+        self, tokenizer: Tokenizer, *, model: str, max_model_len: int, max_concurrent_tokenizations: int = 0
+    ) -> None:
+        self._tokenizer = tokenizer  # the event loop's own (DetokenizeStream, GetInfo)
+        self._threads = TokenizerThreads(tokenizer, max_concurrent_tokenizations)
         self._model = model
         self._max_model_len = max_model_len
 
-    async def _unary(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], T]) -> T:
+    async def _unary(
+        self, method: str, context: grpc.aio.ServicerContext, call: Callable[[Tokenizer], T]
+    ) -> T:
         try:
-            return call()
+            return await self._threads.run(call)
         except Exception as error:
             await errors.abort(context, error, service=SERVICE, method=method)
+
+    def close(self) -> None:
+        self._threads.close()
 
     async def RenderChat(
         self, request: tokenizer_pb2.RenderChatRequest, context: grpc.aio.ServicerContext
     ) -> tokenizer_pb2.RenderChatResponse:
         _bind(request.metadata)
-        return await self._unary("RenderChat", context, lambda: self._render_chat(request))
+        return await self._unary(
+            "RenderChat", context, lambda tokenizer: self._render_chat(tokenizer, request)
+        )
 
-    def _render_chat(self, request: tokenizer_pb2.RenderChatRequest) -> tokenizer_pb2.RenderChatResponse:
-        if not self._tokenizer.has_chat_template:
+    def _render_chat(
+        self, tokenizer: Tokenizer, request: tokenizer_pb2.RenderChatRequest
+    ) -> tokenizer_pb2.RenderChatResponse:
+        if not tokenizer.has_chat_template:
             # The server's setup, not the request, is at fault; say what still works.
             raise FailedPrecondition(
                 f"model {self._model!r} has no chat template; send a plain prompt (Tokenize) instead"
@@ -91,44 +105,26 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             raise InvalidRequest("continue_final_message is not supported yet")
         messages = chat_messages(request.messages)
         try:
-            prompt = self._tokenizer.render_chat(
-                messages, add_generation_prompt=request.add_generation_prompt
-            )
+            prompt = tokenizer.render_chat(messages, add_generation_prompt=request.add_generation_prompt)
         except ValueError as error:  # bad roles/content, or the template's raise_exception()
             raise InvalidRequest(str(error)) from error
         # The rendered text already holds the template's special tokens (bos included where
         # the template writes it): adding them again would double bos. vLLM's chat path
         # tokenizes with add_special_tokens=False too, so the engine sees the same ids.
-        token_ids = self._tokenizer.encode(prompt, add_special_tokens=False)
+        token_ids = tokenizer.encode(prompt, add_special_tokens=False)
         return tokenizer_pb2.RenderChatResponse(prompt=prompt, token_ids=token_ids, num_images=0)
 
     async def Tokenize(
         self, request: tokenizer_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> tokenizer_pb2.TokenizeResponse:
         _bind(request.metadata)
-        return await self._unary("Tokenize", context, lambda: self._tokenize(request))
-
-    def _tokenize(self, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
-        token_ids = self._tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
-        # Each token decoded on its own (special tokens kept): readable text, where vLLM's
-        # convert_ids_to_tokens would show byte-level forms like "Ġhello". A token holding
-        # part of a multi-byte character decodes to U+FFFD.
-        if not request.return_token_strs:
-            return tokenizer_pb2.TokenizeResponse(token_ids=token_ids)
-        token_strs = [self._tokenizer.decode([token_id]) for token_id in token_ids]
-        return tokenizer_pb2.TokenizeResponse(token_ids=token_ids, token_strs=token_strs)
+        return await self._unary("Tokenize", context, lambda tokenizer: _tokenize(tokenizer, request))
 
     async def Detokenize(
         self, request: tokenizer_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
     ) -> tokenizer_pb2.DetokenizeResponse:
         _bind(request.metadata)
-        return await self._unary("Detokenize", context, lambda: self._detokenize(request))
-
-    def _detokenize(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
-        token_ids = list(request.token_ids)
-        check_token_ids(token_ids, self._tokenizer.vocab_size, "token_ids")
-        text = self._tokenizer.decode(token_ids, skip_special_tokens=request.skip_special_tokens)
-        return tokenizer_pb2.DetokenizeResponse(text=text)
+        return await self._unary("Detokenize", context, lambda tokenizer: _detokenize(tokenizer, request))
 
     async def GetInfo(
         self, request: tokenizer_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
@@ -179,6 +175,26 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 # A stop string or `finish` ended the text; later input has nothing to add.
                 log.debug("detokenize stream done", num_tokens=session.num_tokens)
                 return
+
+
+def _tokenize(tokenizer: Tokenizer, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
+    token_ids = tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
+    # Each token decoded on its own (special tokens kept): readable text, where vLLM's
+    # convert_ids_to_tokens would show byte-level forms like "Ġhello". A token holding
+    # part of a multi-byte character decodes to U+FFFD.
+    if not request.return_token_strs:
+        return tokenizer_pb2.TokenizeResponse(token_ids=token_ids)
+    token_strs = [tokenizer.decode([token_id]) for token_id in token_ids]
+    return tokenizer_pb2.TokenizeResponse(token_ids=token_ids, token_strs=token_strs)
+
+
+def _detokenize(
+    tokenizer: Tokenizer, request: tokenizer_pb2.DetokenizeRequest
+) -> tokenizer_pb2.DetokenizeResponse:
+    token_ids = list(request.token_ids)
+    check_token_ids(token_ids, tokenizer.vocab_size, "token_ids")
+    text = tokenizer.decode(token_ids, skip_special_tokens=request.skip_special_tokens)
+    return tokenizer_pb2.DetokenizeResponse(text=text)
 
 
 async def _finish_at_end(

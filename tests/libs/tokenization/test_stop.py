@@ -141,6 +141,43 @@ def test_random_texts_and_splits_match_non_streaming_reference(include: bool) ->
         assert stopped == (expected_stop is not None)
 
 
+def test_held_text_is_the_longest_suffix_that_may_still_become_a_stop() -> None:
+    # Checked against a brute force over every suffix, one character at a time: each step
+    # holds back exactly what could still complete a stop and releases the rest.
+    rng = random.Random(99)
+    for _ in range(300):
+        stops = [
+            "".join(rng.choice("ab") for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(1, 5))
+        ]
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 20)))
+        matcher = StopStringMatcher(stops)
+        seen = emitted = ""
+        for char in text:
+            result = matcher.process(char)
+            if result.stopped:
+                break
+            seen, emitted = seen + char, emitted + result.text
+            held = max(
+                (
+                    k
+                    for k in range(1, len(seen) + 1)
+                    if any(len(s) > k and s.startswith(seen[-k:]) for s in stops)
+                ),
+                default=0,
+            )
+            assert seen == emitted + seen[len(seen) - held :], (stops, seen, emitted)
+
+
+def test_many_long_stop_strings_still_match_exactly() -> None:
+    stops = [f"{i:03d}" + "x" * 1000 for i in range(64)]
+    body = "y" * 5000 + "017" + "x" * 999  # one x short of stop 17
+    matcher = StopStringMatcher(stops)
+    emitted = "".join(matcher.process(body[i : i + 4]).text for i in range(0, len(body), 4))
+    assert emitted == "y" * 5000 and matcher.flush() == "017" + "x" * 999
+    emitted, stopped, matched = _run(StopStringMatcher(stops), [body, "x", "tail"])
+    assert (emitted, stopped, matched) == ("y" * 5000, True, stops[17])
+
+
 @pytest.mark.parametrize("bad", [[""], ["ok", ""], [None]])
 def test_rejects_empty_or_non_string_stops(bad: list[str]) -> None:
     with pytest.raises(ValueError, match="non-empty strings"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -194,9 +196,44 @@ async def test_unexpected_errors_reach_the_client_without_details(
     def broken(*_: object, **__: object) -> list[int]:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(smollm2, "encode", broken)
+    # On the class: each of the service's threads works with its own copy of the tokenizer.
+    monkeypatch.setattr(Tokenizer, "encode", broken)
     async with serving(TokenizerServicer(smollm2, model="smollm2", max_model_len=2048)) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.Tokenize(pb.TokenizeRequest(text="Hi"))
     assert raised.value.code() == grpc.StatusCode.INTERNAL
     assert raised.value.details() == INTERNAL_MESSAGE
+
+
+async def test_a_long_tokenization_does_not_stall_a_detokenize_stream(
+    smollm2: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A "long" prompt whose encoding lasts until the test releases it: the stream must be
+    # served meanwhile (on the event loop the service would hang here until the timeout).
+    long_started, release = threading.Event(), threading.Event()
+    encode = Tokenizer.encode
+
+    def slow_encode(self: Tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+        if text == "long":
+            long_started.set()
+            release.wait(timeout=30)
+        return encode(self, text, add_special_tokens)
+
+    monkeypatch.setattr(Tokenizer, "encode", slow_encode)
+    servicer = TokenizerServicer(smollm2, model="smollm2", max_model_len=2048, max_concurrent_tokenizations=2)
+    async with serving(servicer) as stub:
+        long_call = asyncio.ensure_future(stub.Tokenize(pb.TokenizeRequest(text="long")))
+        assert await asyncio.to_thread(long_started.wait, 30)
+
+        async def requests() -> AsyncIterator[pb.DetokenizeStreamRequest]:
+            yield pb.DetokenizeStreamRequest(start=pb.DetokenizeStart())
+            yield pb.DetokenizeStreamRequest(tokens=pb.TokenBatch(token_ids=encode(smollm2, "Hi there")))
+            yield pb.DetokenizeStreamRequest(finish=True)
+
+        replies = [reply async for reply in stub.DetokenizeStream(requests())]
+        streamed_while_tokenizing = not release.is_set() and not long_call.done()
+        release.set()
+        assert list((await long_call).token_ids) == encode(smollm2, "long")
+    servicer.close()
+    assert streamed_while_tokenizing
+    assert "".join(r.delta.text for r in replies) + replies[-1].complete.text == "Hi there"
