@@ -53,7 +53,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
 
     @app.exception_handler(errors.ApiError)
     async def api_error(_request: Request, error: errors.ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request: Request, error: RequestValidationError) -> JSONResponse:

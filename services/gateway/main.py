@@ -23,6 +23,7 @@ import uvicorn
 
 from libs.config.errors import ConfigError
 from libs.gateway.assembly import assemble
+from libs.gateway.deadline import RequestDeadline
 from libs.gateway.edge import HttpEdge
 from libs.models.errors import ModelNotFoundError
 from libs.observability.logging import configure_logging
@@ -73,11 +74,17 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             served_model=addresses.served_model,
             migration_limit=config.migration_limit,
             security=security,
+            breaker=config.breaker(),
+            admission=config.admission(),
+            request_timeout_s=config.request_timeout_s,
         )
         state = GatewayState(
             parts.served_model, parts.max_model_len, parts.pipeline, parts.pool, parts.tokenizer
         )
-        server = uvicorn.Server(uvicorn.Config(create_app(state, edge), log_config=None, access_log=False))
+        app = create_app(state, edge)
+        # Outermost: a request's deadline starts when it arrives (libs/gateway/deadline.py).
+        app.add_middleware(RequestDeadline, timeout_s=config.request_timeout_s)
+        server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
         print(
             f"cleave: serving {state.served_model} at http://{config.host}:{port}/v1",
             file=sys.stderr,

@@ -304,3 +304,10 @@ async def test_a_failing_prompt_of_a_list_cancels_its_siblings() -> None:
         )
     assert response.status_code == 400 and "prompt 0 is bad" in response.json()["error"]["message"]
     assert pipeline.hanging_closed.is_set()
+
+
+async def test_a_full_queue_is_a_429_carrying_retry_after() -> None:
+    async with client(ScriptedPipeline([], error=errors.queue_full(8, retry_after_s=1))) as http:
+        response = await http.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "max_tokens": 4})
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"

@@ -6,6 +6,8 @@ import pytest
 
 from libs.config.errors import ConfigError
 from libs.config.flags import render
+from libs.gateway.admission import AdmissionConfig
+from libs.gateway.breaker import BreakerConfig
 from services.gateway.config import GatewayConfig, parse_args
 
 # qaic_disagg's documented prefill/decode command line, model and device numbers adapted.
@@ -83,6 +85,20 @@ def test_qaic_disagg_flags_parse() -> None:
             "/run/keys",
             "--auth-health",
         ],
+        [
+            "--request-timeout",
+            "30",
+            "--max-inflight-per-worker",
+            "4",
+            "--max-queued-requests",
+            "0",
+            "--queue-timeout",
+            "2.5",
+            "--breaker-failures",
+            "1",
+            "--breaker-cooldown",
+            "0.5",
+        ],
     ],
 )
 def test_rendering_gives_back_the_same_config(argv: list[str]) -> None:
@@ -157,3 +173,17 @@ def test_api_keys_from_flags_file_or_environment(tmp_path: Path) -> None:
     assert "sk-flag" not in repr(flagged)  # a config printed in a log shows no key
     with pytest.raises(ConfigError, match="--api-key-file"):
         parse_args(["--api-key-file", str(tmp_path / "missing")]).api_keys({})
+
+
+def test_routing_robustness_flags() -> None:
+    config = parse_args(["--request-timeout", "0", "--breaker-failures", "2", "--breaker-cooldown", "4"])
+    assert config.request_timeout_s == 0
+    assert config.breaker() == BreakerConfig(failures_to_open=2, cooldown_s=4.0, max_cooldown_s=48.0)
+    assert config.admission() == AdmissionConfig(
+        max_inflight_per_worker=0, max_queued_requests=1024, queue_timeout_s=60.0
+    )
+    for flag in ("--request-timeout", "--queue-timeout", "--breaker-cooldown"):
+        with pytest.raises(ConfigError, match=flag):
+            parse_args([flag, "-1"])
+    with pytest.raises(ConfigError, match="--breaker-failures"):
+        parse_args(["--breaker-failures", "0"])
