@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 import grpc
 import grpc.aio
@@ -16,6 +17,7 @@ from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway import errors
 from libs.gateway.breaker import BreakerConfig
+from libs.gateway.deadline import Deadline
 from libs.gateway.pipeline import (
     Finished,
     GenerationSpec,
@@ -287,3 +289,19 @@ async def test_a_long_uncached_tail_still_goes_through_prefill(stack: Stack, tok
     await run(pipeline, long_prompt)
     await pool.close()
     assert prefill.prefills == 1 and decode.generate_had_handoff == [True]
+
+
+async def test_a_request_past_its_deadline_is_504_and_the_worker_sees_its_call_cancelled(
+    stack: Stack, tokenizer: Tokenizer
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    decode = FakeWorker(tokens, delay_s=60)  # slower than the request's deadline
+    pipeline, pool = await stack.pipeline({"prefill": [FakeWorker(tokens)], "decode": [decode]})
+    with pytest.raises(errors.ApiError) as raised:
+        await run(pipeline, replace(spec(tokenizer), deadline=Deadline.after(0.5)))
+    assert (raised.value.status, raised.value.code) == (504, "request_timeout")
+    # gRPC carried the deadline: the worker's call was cancelled (a real worker aborts the
+    # request in its engine), and the worker is not blamed.
+    await asyncio.wait_for(decode.cancelled.wait(), 5)
+    assert len(pool.healthy("decode")) == 1
+    await pool.close()
