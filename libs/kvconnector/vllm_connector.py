@@ -184,7 +184,8 @@ class KvStoreConnector(KVConnectorBase_V1):
         now = time.monotonic()
         if now >= self._skip_lookups_until:
             try:
-                lookup = self._kvstore().lookup(request.request_id, tokens)
+                # vLLM salts its own prefix cache with request.cache_salt; the kvstore too.
+                lookup = self._kvstore().lookup(request.request_id, tokens, request.cache_salt or "")
             except Exception as error:  # anything: the engine's scheduler must go on
                 self._skip_lookups_until = now + self._settings.retry_after_s
                 self._counters.add(lookup_failures=1)

@@ -9,6 +9,12 @@ its ChunkedTokenDatabase fall back to Python's `hash()` without vLLM, and fold d
 bits), not vLLM's NONE_HASH. TokenHasher only hashes whole chunks; the trailing partial
 chunk is hashed here with the same `hash_tokens` call, chained on the last whole chunk.
 
+A request's cache salt (vLLM's `cache_salt`, RequestMetadata.cache_salt) seeds the chain: the
+first chunk is hashed on blake3("cleave-cache-salt", salt) instead of LMCache's NONE_HASH, so
+salted chunks have other keys than the same tokens unsalted or under another salt, and
+every later chunk inherits that. As in vLLM's prefix cache, a prefix is shared only among
+requests that carry the same salt.
+
 Every key also carries a layout fingerprint (model identity + KV shape and dtype + chunk
 size), so KV of another model or layout never shares a key.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import blake3
 import torch
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.multiprocess.token_hasher import TokenHasher
@@ -32,6 +39,14 @@ KEY_NAMESPACE = "cleave-"
 BLOB_DTYPE = torch.uint8
 
 MAX_TOKEN_ID = 2**32 - 1  # the chain packs token ids as uint32
+_SALT_DOMAIN = b"cleave-cache-salt\0"
+
+
+def salt_root(cache_salt: str) -> bytes | None:
+    """The chain's starting digest for a salt; None (LMCache's default) without one."""
+    if not cache_salt:
+        return None
+    return blake3.blake3(_SALT_DOMAIN + cache_salt.encode()).digest()
 
 
 class ChunkKeyer:
@@ -41,14 +56,17 @@ class ChunkKeyer:
         self.chunk_tokens = chunk_tokens
         self._hasher = TokenHasher(chunk_size=chunk_tokens, hash_algorithm=HASH_ALGORITHM)
 
-    def keys(self, token_ids: Sequence[int], fingerprint: str) -> list[kvstore_pb2.ChunkKey]:
+    def keys(
+        self, token_ids: Sequence[int], fingerprint: str, cache_salt: str = ""
+    ) -> list[kvstore_pb2.ChunkKey]:
         tokens = list(token_ids)
         if any(not 0 <= token <= MAX_TOKEN_ID for token in tokens):
             raise InvalidKey("token ids must be in 0..2^32-1")
-        digests: list[bytes] = self._hasher.compute_chunk_hashes(tokens)
+        root = salt_root(cache_salt)
+        digests: list[bytes] = self._hasher.compute_chunk_hashes(tokens, prefix_hash=root)
         tail_start = len(digests) * self.chunk_tokens
         if tail_start < len(tokens):
-            prefix = digests[-1] if digests else None
+            prefix = digests[-1] if digests else root
             digests.append(TokenHasher.hash_to_bytes(self._hasher.hash_tokens(tokens[tail_start:], prefix)))
         return [
             kvstore_pb2.ChunkKey(

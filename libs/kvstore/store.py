@@ -136,8 +136,10 @@ class KvStore:
     def fingerprint(self, layout: common_pb2.KvLayout) -> str:
         return layout_fingerprint(layout, self.config.chunk_tokens)
 
-    def chunk_keys(self, token_ids: Sequence[int], layout: common_pb2.KvLayout) -> list[kvstore_pb2.ChunkKey]:
-        return self._keyer.keys(token_ids, self.fingerprint(layout))
+    def chunk_keys(
+        self, token_ids: Sequence[int], layout: common_pb2.KvLayout, cache_salt: str = ""
+    ) -> list[kvstore_pb2.ChunkKey]:
+        return self._keyer.keys(token_ids, self.fingerprint(layout), cache_salt)
 
     # --- put ----------------------------------------------------------------------------
 
@@ -339,10 +341,12 @@ class KvStore:
 
     # --- lookup -------------------------------------------------------------------------
 
-    def lookup(self, token_ids: Sequence[int], layout: common_pb2.KvLayout) -> LookupResult:
-        """How many leading tokens are stored, and where. Raises InvalidKey."""
+    def lookup(
+        self, token_ids: Sequence[int], layout: common_pb2.KvLayout, cache_salt: str = ""
+    ) -> LookupResult:
+        """How many leading tokens are stored under `cache_salt`, and where. Raises InvalidKey."""
         self.expire_leases()
-        keys = self.chunk_keys(token_ids, layout)
+        keys = self.chunk_keys(token_ids, layout, cache_salt)
         remote = self._tiers.remote
         remote_ok = remote is not None and remote.usable()
         located: list[tuple[kvstore_pb2.ChunkKey, Tier]] = []

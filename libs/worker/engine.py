@@ -90,7 +90,12 @@ class Engine(Protocol):
         prompt_token_ids: Sequence[int],
         sampling: dict[str, Any],
         kv_transfer_params: dict[str, Any] | None = None,
-    ) -> AsyncIterator[EngineStep]: ...
+        *,
+        cache_salt: str = "",
+    ) -> AsyncIterator[EngineStep]:
+        """`cache_salt` (non-empty) separates this prompt's prefix-cache entries from those of
+        requests without the same salt (vLLM's cache_salt)."""
+        ...
 
     async def abort(self, request_id: str) -> None: ...
 

@@ -95,7 +95,9 @@ class WorkerService:
         )
         sampling["n"] = 1
         started = time.perf_counter()
-        last = await self._run_to_end(request_id, prompt, sampling, PREFILL_PARAMS)
+        last = await self._run_to_end(
+            request_id, prompt, sampling, PREFILL_PARAMS, cache_salt=request.metadata.cache_salt
+        )
         metrics.PREFILL_SECONDS.observe(time.perf_counter() - started)
         first = last.sequences[0]
         response = worker_pb2.PrefillResponse(
@@ -148,7 +150,9 @@ class WorkerService:
         kv_params = self._decode_kv_params(request)
         completion_tokens = 0
         last: EngineStep | None = None
-        async for step in self._run(request_id, prompt, sampling, kv_params):
+        async for step in self._run(
+            request_id, prompt, sampling, kv_params, cache_salt=request.metadata.cache_salt
+        ):
             last = step
             for sequence in step.sequences:
                 if sequence.finish_reason == "error":
@@ -276,7 +280,13 @@ class WorkerService:
         validate_token_fields(sampling, vocab_size=info.vocab_size)
 
     async def _run(
-        self, request_id: str, prompt: list[int], sampling: dict[str, Any], kv_params: dict[str, Any] | None
+        self,
+        request_id: str,
+        prompt: list[int],
+        sampling: dict[str, Any],
+        kv_params: dict[str, Any] | None,
+        *,
+        cache_salt: str = "",
     ) -> AsyncIterator[EngineStep]:
         """Streams engine steps; if the caller goes away (cancellation), aborts the request."""
         if request_id in self._active:
@@ -284,7 +294,9 @@ class WorkerService:
         self._active.add(request_id)
         finished = False
         try:
-            async for step in self._engine.generate(request_id, prompt, sampling, kv_params):
+            async for step in self._engine.generate(
+                request_id, prompt, sampling, kv_params, cache_salt=cache_salt
+            ):
                 finished = step.finished
                 yield step
         finally:
@@ -296,10 +308,16 @@ class WorkerService:
                 log.info("request aborted", request_id=request_id)
 
     async def _run_to_end(
-        self, request_id: str, prompt: list[int], sampling: dict[str, Any], kv_params: dict[str, Any]
+        self,
+        request_id: str,
+        prompt: list[int],
+        sampling: dict[str, Any],
+        kv_params: dict[str, Any],
+        *,
+        cache_salt: str,
     ) -> EngineStep:
         last: EngineStep | None = None
-        async for step in self._run(request_id, prompt, sampling, kv_params):
+        async for step in self._run(request_id, prompt, sampling, kv_params, cache_salt=cache_salt):
             last = step
         if last is None or not last.sequences or not last.sequences[0].token_ids:
             raise RuntimeError("the engine finished a prefill without producing a token")

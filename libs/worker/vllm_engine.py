@@ -59,6 +59,8 @@ class VllmEngine:
         prompt_token_ids: Sequence[int],
         sampling: dict[str, Any],
         kv_transfer_params: dict[str, Any] | None = None,
+        *,
+        cache_salt: str = "",
     ) -> AsyncIterator[EngineStep]:
         extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
         # vLLM's request checks raise VLLMClientError (VLLMValidationError), which is not a
@@ -70,6 +72,8 @@ class VllmEngine:
             raise InvalidRequest(str(error)) from error
         first = True
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+        if cache_salt:
+            prompt["cache_salt"] = cache_salt  # vLLM folds it into the first block's hash
         try:
             async for output in self._engine.generate(prompt, params, request_id):
                 yield _to_step(output, include_prompt_logprobs=first)

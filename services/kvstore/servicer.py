@@ -122,7 +122,9 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
                 method="Lookup",
             )
         result = await self._call(
-            "Lookup", context, lambda: self._store.lookup(request.token_ids, request.layout)
+            "Lookup",
+            context,
+            lambda: self._store.lookup(request.token_ids, request.layout, request.metadata.cache_salt),
         )
         return kvstore_pb2.LookupResponse(
             matched_tokens=result.matched_tokens,

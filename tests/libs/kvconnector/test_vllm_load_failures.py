@@ -13,7 +13,7 @@ from cleave.kvstore.v1 import kvstore_pb2
 from libs.kvconnector import paged
 from libs.kvconnector.client import KvStoreUnavailable
 from libs.kvconnector.counters import CounterBox
-from libs.kvconnector.plan import LoadSpec
+from libs.kvconnector.plan import LoadSpec, LookupResult
 from libs.kvconnector.vllm_connector import ConnectorSettings, KvStoreConnector
 from libs.kvstore.chunks import tensor_crc32c
 
@@ -36,16 +36,18 @@ class FakeClient:
     def __init__(self, chunks: Sequence[kvstore_pb2.KvChunk], error: Exception | None = None) -> None:
         self.chunks = list(chunks)
         self.error = error
+        self.salts: list[str] = []
 
     def get(self, request_id: str, keys: Sequence[kvstore_pb2.ChunkKey]) -> Iterator[kvstore_pb2.KvChunk]:
         yield from self.chunks
         if self.error is not None:
             raise self.error
 
-    def lookup(self, request_id: str, token_ids: Sequence[int]) -> Any:
+    def lookup(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> LookupResult:
         if self.error is not None:
             raise self.error
-        raise AssertionError("not used")
+        self.salts.append(cache_salt)
+        return LookupResult(matched_tokens=0, keys=())
 
 
 def connector(client: FakeClient) -> KvStoreConnector:
@@ -97,12 +99,21 @@ def test_a_chunk_whose_tensor_does_not_fit_the_cache_fails_its_blocks() -> None:
     assert conn.get_block_ids_with_load_errors() == {0, 1, 2, 3}
 
 
+def request(cache_salt: str | None = None) -> Any:
+    fields = {"request_id": "r", "prompt_token_ids": list(range(12)), "kv_transfer_params": None}
+    return type("Request", (), {**fields, "cache_salt": cache_salt})()
+
+
 def test_a_lookup_that_raises_anything_is_no_hit_and_pauses_lookups() -> None:
     conn = connector(FakeClient([], ValueError("unexpected answer")))
-    request = type(
-        "Request", (), {"request_id": "r", "prompt_token_ids": list(range(12)), "kv_transfer_params": None}
-    )()
-    assert conn.get_num_new_matched_tokens(request, 0) == (0, False)  # type: ignore[arg-type]
+    assert conn.get_num_new_matched_tokens(request(), 0) == (0, False)
     assert conn._skip_lookups_until > 0
     stats = conn._counters.take()
     assert stats is not None and stats.data["lookup_failures"] == 1
+
+
+def test_the_requests_cache_salt_reaches_the_kvstore_lookup() -> None:
+    client = FakeClient([])
+    connector(client).get_num_new_matched_tokens(request("tenant-a"), 0)
+    connector(client).get_num_new_matched_tokens(request(None), 0)
+    assert client.salts == ["tenant-a", ""]

@@ -19,11 +19,14 @@ from tests.libs.kvstore.helpers import CHUNK_TOKENS, LAYOUT, prompt, with_layout
 FP = layout_fingerprint(LAYOUT, CHUNK_TOKENS)
 
 
-def reference_chain(tokens: list[int], chunk_tokens: int) -> list[str]:
+def reference_chain(tokens: list[int], chunk_tokens: int, salt: str = "") -> list[str]:
     """The documented scheme, written out independently of LMCache: blake3 over the
-    previous digest (initially blake3 of an 8-byte zero and one uint32 zero) and the chunk's
-    token ids as big-endian uint32."""
+    previous digest (initially blake3 of an 8-byte zero and one uint32 zero, or with a salt
+    blake3 of "cleave-cache-salt\0" and the salt) and the chunk's token ids as big-endian
+    uint32."""
     prefix = blake3.blake3((0).to_bytes(8, "big") + struct.pack(">I", 0)).digest()
+    if salt:
+        prefix = blake3.blake3(b"cleave-cache-salt\0" + salt.encode()).digest()
     digests = []
     for start in range(0, len(tokens), chunk_tokens):
         chunk = tokens[start : start + chunk_tokens]
@@ -38,6 +41,18 @@ def test_keys_follow_the_blake3_prefix_chain_including_the_partial_tail() -> Non
     assert [k.prefix_hash for k in keys] == reference_chain(tokens, CHUNK_TOKENS)
     assert [(k.chunk_index, k.num_tokens) for k in keys] == [(0, 16), (1, 16), (2, 16), (3, 5)]
     assert {k.layout_fingerprint for k in keys} == {FP}
+
+
+def test_a_cache_salt_gives_every_chunk_other_keys() -> None:
+    tokens = prompt(1, 2 * CHUNK_TOKENS + 5)
+    keyer = ChunkKeyer(CHUNK_TOKENS)
+    plain, salted, other = (keyer.keys(tokens, FP, salt) for salt in ("", "tenant-a", "tenant-b"))
+    assert [k.prefix_hash for k in salted] == reference_chain(tokens, CHUNK_TOKENS, "tenant-a")
+    for a, b in ((plain, salted), (salted, other), (plain, other)):
+        assert all(x.prefix_hash != y.prefix_hash for x, y in zip(a, b, strict=True))
+    assert keyer.keys(tokens, FP, "tenant-a") == salted
+    # A salt on a prompt shorter than one chunk seeds its only (partial) chunk too.
+    assert keyer.keys(tokens[:5], FP, "tenant-a")[0].prefix_hash != keyer.keys(tokens[:5], FP)[0].prefix_hash
 
 
 def test_shared_prefix_shares_keys_until_the_first_differing_chunk() -> None:

@@ -165,3 +165,13 @@ def test_get_of_a_never_stored_key_misses_every_tier(make_store: StoreFactory, t
     assert store.get(key) is None
     stats = store.stats()
     assert (tier(stats, Tier.CPU).counts.misses, tier(stats, Tier.DISK).counts.misses) == (1, 1)
+
+
+def test_salted_prefixes_are_stored_and_found_only_under_their_salt(make_store: StoreFactory) -> None:
+    store = make_store()
+    tokens = prompt(800, 2 * CHUNK_TOKENS)
+    chunks = [make_chunk(key) for key in store.chunk_keys(tokens, LAYOUT, "tenant-a")]
+    store.put(LAYOUT, chunks)
+    assert store.lookup(tokens, LAYOUT, "tenant-a").matched_tokens == 2 * CHUNK_TOKENS
+    assert store.lookup(tokens, LAYOUT, "tenant-b").matched_tokens == 0
+    assert store.lookup(tokens, LAYOUT).matched_tokens == 0

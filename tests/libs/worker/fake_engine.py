@@ -53,8 +53,17 @@ class FakeEngine:
         prompt_token_ids: Sequence[int],
         sampling: dict[str, Any],
         kv_transfer_params: dict[str, Any] | None = None,
+        *,
+        cache_salt: str = "",
     ) -> AsyncIterator[EngineStep]:
-        self.calls.append({"request_id": request_id, "sampling": sampling, "kv": kv_transfer_params})
+        self.calls.append(
+            {
+                "request_id": request_id,
+                "sampling": sampling,
+                "kv": kv_transfer_params,
+                "cache_salt": cache_salt,
+            }
+        )
         self.running.add(request_id)
         external = (
             len(prompt_token_ids) if kv_transfer_params and kv_transfer_params.get("do_remote_prefill") else 0

@@ -66,6 +66,8 @@ class RefusingEngine(FakeEngine):
         prompt_token_ids: Sequence[int],
         sampling: dict[str, Any],
         kv_transfer_params: dict[str, Any] | None = None,
+        *,
+        cache_salt: str = "",
     ) -> AsyncIterator[EngineStep]:
         async def refuse() -> AsyncIterator[EngineStep]:
             if sampling.get("logprobs", 0) > 20:

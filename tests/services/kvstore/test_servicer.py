@@ -87,6 +87,24 @@ async def test_lookup_put_lookup_get(stub: kvstore_pb2_grpc.KvStoreStub) -> None
     assert [r.tier for r in replies[:4]] == [pb.TIER_CPU] * 3 + [pb.TIER_DISK]
 
 
+async def test_lookup_keys_and_matches_under_the_requests_cache_salt(
+    stub: kvstore_pb2_grpc.KvStoreStub,
+) -> None:
+    tokens = prompt(7, 2 * CHUNK_TOKENS)
+
+    async def lookup(salt: str) -> pb.LookupResponse:
+        salted = pb.LookupRequest(
+            metadata=common_pb2.RequestMetadata(cache_salt=salt), token_ids=tokens, layout=LAYOUT
+        )
+        return await stub.Lookup(salted)
+
+    salted = await lookup("tenant-a")
+    assert await put(stub, [make_chunk(key) for key in salted.keys]) == pb.PutResponse(stored=2)
+    assert (await lookup("tenant-a")).matched_tokens == 2 * CHUNK_TOKENS
+    assert (await lookup("tenant-b")).matched_tokens == 0
+    assert (await lookup("")).matched_tokens == 0
+
+
 async def test_get_stops_at_the_first_missing_chunk(stub: kvstore_pb2_grpc.KvStoreStub) -> None:
     keys = list((await stub.Lookup(pb.LookupRequest(token_ids=prompt(2, 48), layout=LAYOUT))).keys)
     chunks = [make_chunk(k) for k in keys]

@@ -40,8 +40,12 @@ class FailingEngine(FakeEngine):
         prompt_token_ids: Sequence[int],
         sampling: dict[str, Any],
         kv_transfer_params: dict[str, Any] | None = None,
+        *,
+        cache_salt: str = "",
     ) -> AsyncIterator[EngineStep]:
-        inner = super().generate(request_id, prompt_token_ids, sampling, kv_transfer_params)
+        inner = super().generate(
+            request_id, prompt_token_ids, sampling, kv_transfer_params, cache_salt=cache_salt
+        )
 
         async def steps() -> AsyncIterator[EngineStep]:
             emitted = 0
