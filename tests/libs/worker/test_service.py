@@ -271,3 +271,17 @@ async def test_allowed_hosts_and_the_own_kv_host_are_pulled_from() -> None:
     with pytest.raises(InvalidRequest, match="does not pull from"):
         await decode.release_kv(worker_pb2.ReleaseKvRequest(request_id="x", handoff=handoff))
     assert engine.released == []
+
+
+async def test_the_cache_salt_reaches_the_engine_on_prefill_and_decode() -> None:
+    prefill, pengine = make(Role.PREFILL)
+    salted = common_pb2.RequestMetadata(request_id="s", cache_salt="tenant-a")
+    handoff = (
+        await prefill.prefill(worker_pb2.PrefillRequest(metadata=salted, prompt_token_ids=[1, 2]))
+    ).handoff
+    decode, dengine = make(Role.DECODE)
+    await collect(
+        decode, worker_pb2.GenerateRequest(metadata=salted, prompt_token_ids=[1, 2], handoff=handoff)
+    )
+    await collect(decode, worker_pb2.GenerateRequest(metadata=meta("u"), prompt_token_ids=[1, 2]))
+    assert [c["cache_salt"] for c in pengine.calls + dengine.calls] == ["tenant-a", "tenant-a", ""]
