@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -19,9 +20,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cleave.tokenizer.v1 import tokenizer_pb2 as pb
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from libs.config.errors import ConfigError
+from libs.config.flags import render
+from libs.config.groups import GrpcSecurityFlags
+from libs.rpc.channel import open_channel
 from libs.rpc.ports import free_port
+from libs.rpc.security import TOKEN_ENV, RpcSecurity, load_security
 from libs.tokenization.server_config import parse_args
 from services.tokenizer import main as entry
+from tests.libs.rpc.certs import make_ca, make_leaf
 
 
 def test_defaults() -> None:
@@ -76,6 +82,79 @@ async def _check_info(address: str, process: subprocess.Popen[bytes]) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         info = await tokenizer_pb2_grpc.TokenizerStub(channel).GetInfo(pb.GetInfoRequest())
     assert (info.model, info.max_model_len, info.vocab_size) == ("smol", 4096, 49152)
+
+
+def test_process_with_mtls_and_a_token_serves_only_callers_with_both(
+    smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """The --grpc-* flags reach the real process's server: what a Cleave service that holds
+    the certificate, the CA and the token can call, a plaintext or tokenless caller cannot."""
+    model = tmp_path / "smol-tokenizer-only"
+    shutil.copytree(smollm2_dir, model)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    ca, ca_key = make_ca()
+    leaf = make_leaf(ca, ca_key, "tokenizer", ips=("127.0.0.1",))
+    files = {"cert": leaf.cert, "key": leaf.key, "ca": ca.cert, "token": b"t0ken-for-the-test"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    flags = GrpcSecurityFlags(
+        grpc_tls_cert_file=tmp_path / "cert",
+        grpc_tls_key_file=tmp_path / "key",
+        grpc_tls_ca_file=tmp_path / "ca",
+        grpc_token_file=tmp_path / "token",
+    )
+    port = free_port()
+    argv = ["--model", str(model), "--port", str(port), *render(flags)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env.pop(TOKEN_ENV, None)
+    log_path = tmp_path / "tokenizer.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.tokenizer.main", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        security = load_security(flags, {})
+        codes = asyncio.run(_secured_calls(f"127.0.0.1:{port}", process, security))
+        assert codes == {
+            "cert, CA and token": grpc.StatusCode.OK,
+            "no token": grpc.StatusCode.UNAUTHENTICATED,
+            "no client certificate": grpc.StatusCode.UNAVAILABLE,
+            "plaintext": grpc.StatusCode.UNAVAILABLE,
+        }, log_path.read_text()[-2000:]
+    finally:
+        process.kill()
+        process.wait()
+    assert "t0ken-for-the-test" not in log_path.read_text()
+
+
+async def _secured_calls(
+    address: str, process: subprocess.Popen[bytes], security: RpcSecurity
+) -> dict[str, grpc.StatusCode]:
+    callers = {
+        "cert, CA and token": security,
+        "no token": replace(security, token=None),
+        "no client certificate": replace(security, cert_chain=None, private_key=None),
+        "plaintext": RpcSecurity(token=security.token),
+    }
+    deadline = time.monotonic() + 60
+    while True:  # serving once the rightful caller gets through
+        assert process.poll() is None, "the tokenizer process exited early"
+        codes = {name: await _get_info_code(address, caller) for name, caller in callers.items()}
+        if codes["cert, CA and token"] == grpc.StatusCode.OK or time.monotonic() > deadline:
+            return codes
+        await asyncio.sleep(0.2)
+
+
+async def _get_info_code(address: str, security: RpcSecurity) -> grpc.StatusCode:
+    async with open_channel(address, security=security) as channel:
+        try:
+            await tokenizer_pb2_grpc.TokenizerStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5)
+        except grpc.aio.AioRpcError as error:
+            return error.code()
+    return grpc.StatusCode.OK
 
 
 def test_process_serves_and_stops_on_sigterm(smollm2_dir: Path, tmp_path: Path) -> None:
