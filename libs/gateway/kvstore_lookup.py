@@ -33,9 +33,10 @@ class KvStoreLookup:
         self._layout = layout
         self._timeout_s = timeout_s
 
-    async def matched_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
+    async def matched_tokens(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> int:
+        """Leading tokens the kvstore holds for this prompt under `cache_salt`."""
         request = kvstore_pb2.LookupRequest(
-            metadata=common_pb2.RequestMetadata(request_id=request_id),
+            metadata=common_pb2.RequestMetadata(request_id=request_id, cache_salt=cache_salt),
             token_ids=token_ids,
             layout=self._layout,
         )

@@ -18,6 +18,9 @@ INT32_MAX = 2**31 - 1
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# vLLM's bounds on `cache_salt` (validate_cache_salt): it becomes part of cache keys.
+MAX_CACHE_SALT_CHARS = 128
+CACHE_SALT_FORBIDDEN_CHARS = frozenset("@/\\\x00")
 
 
 class _Strict(BaseModel):
@@ -69,6 +72,10 @@ class _SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
+    # vLLM's prefix-cache salt: KV computed for this request is reused only by requests with
+    # the same salt (engine prefix caches and the kvstore), so other tenants cannot learn
+    # from cache hits which prompts were sent. Should be random and secret per tenant.
+    cache_salt: str | None = None
     # Fields of the API that are refused until implemented (see unsupported_fields).
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -82,6 +89,20 @@ class _SamplingFields(_Strict):
         stops = [value] if isinstance(value, str) else value or []
         if any(not stop for stop in stops):
             raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _valid_cache_salt(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("cache_salt must be a non-empty string if provided")
+        if len(value) > MAX_CACHE_SALT_CHARS or any(c in CACHE_SALT_FORBIDDEN_CHARS for c in value):
+            raise ValueError(
+                f"cache_salt must be at most {MAX_CACHE_SALT_CHARS} characters and must not contain "
+                "'@', '/', '\\', or NUL"
+            )
         return value
 
     def stops(self) -> list[str]:

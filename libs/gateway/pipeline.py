@@ -60,6 +60,14 @@ class GenerationSpec:
     stops: list[str]
     # Fixed when the request arrived (libs/gateway/deadline.py); Pipeline.run sets it.
     deadline: Deadline = NO_DEADLINE
+    cache_salt: str = ""  # the client's; workers and the kvstore key cached KV by it
+    prompt_tokens_details: bool = False  # usage reports cached prompt tokens (responses.usage)
+
+    def metadata(self) -> common_pb2.RequestMetadata:
+        """What every worker call of this request carries."""
+        return common_pb2.RequestMetadata(
+            request_id=self.request_id, model=self.model, cache_salt=self.cache_salt
+        )
 
 
 @dataclass
@@ -81,7 +89,9 @@ class Finished:
 class PrefixLookup(Protocol):
     """How many leading tokens of a prompt the kvstore holds (0 when unknown)."""
 
-    async def matched_tokens(self, request_id: str, token_ids: Sequence[int]) -> int: ...
+    async def matched_tokens(
+        self, request_id: str, token_ids: Sequence[int], cache_salt: str = ""
+    ) -> int: ...
 
 
 class HandoffRejected(Exception):
@@ -183,14 +193,16 @@ class Pipeline:
             return False
         try:
             async with asyncio.timeout(spec.deadline.timeout()):
-                matched = await self._prefix_lookup.matched_tokens(spec.request_id, spec.prompt_token_ids)
+                matched = await self._prefix_lookup.matched_tokens(
+                    spec.request_id, spec.prompt_token_ids, spec.cache_salt
+                )
         except TimeoutError:
             raise spec.deadline.exceeded() from None
         return matched > 0 and len(spec.prompt_token_ids) - matched <= self._skip_prefill_max_tail
 
     async def _prefill(self, spec: GenerationSpec) -> worker_pb2.KvHandoff:
         request = worker_pb2.PrefillRequest(
-            metadata=common_pb2.RequestMetadata(request_id=spec.request_id, model=spec.model),
+            metadata=spec.metadata(),
             prompt_token_ids=spec.prompt_token_ids,
             sampling=spec.sampling,
         )
@@ -234,7 +246,7 @@ class Pipeline:
         self, spec: GenerationSpec, endpoint: Endpoint, handoff: worker_pb2.KvHandoff | None
     ) -> AsyncIterator[SequenceEvent | Finished]:
         request = worker_pb2.GenerateRequest(
-            metadata=common_pb2.RequestMetadata(request_id=spec.request_id, model=spec.model),
+            metadata=spec.metadata(),
             prompt_token_ids=spec.prompt_token_ids,
             sampling=spec.sampling,
         )

@@ -56,13 +56,16 @@ class TokenizerTexts:
         return str(result.text)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached: int, *, details: bool) -> dict[str, Any]:
+    """OpenAI's usage object. Cached prompt tokens only with `details` (vLLM's
+    --enable-prompt-tokens-details, off by default): a hit count tells a client which
+    prefixes others sent recently, unless every tenant salts its requests (cache_salt)."""
     body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-    if cached:
+    if cached and details:
         body["prompt_tokens_details"] = {"cached_tokens": cached}
     return body
 
@@ -165,7 +168,12 @@ async def chat_completion(
         "created": now(),
         "model": model,
         "choices": choices,
-        "usage": usage(finished.prompt_tokens, finished.completion_tokens, finished.cached_prompt_tokens),
+        "usage": usage(
+            finished.prompt_tokens,
+            finished.completion_tokens,
+            finished.cached_prompt_tokens,
+            details=spec.prompt_tokens_details,
+        ),
     }
 
 
@@ -210,6 +218,7 @@ async def text_completion(
             sum(f.prompt_tokens for f in finished),
             sum(f.completion_tokens for f in finished),
             sum(f.cached_prompt_tokens for f in finished),
+            details=specs[0].prompt_tokens_details,
         ),
     }
 

@@ -19,12 +19,15 @@ def generation_spec(
     max_tokens: int | None,
     logprobs: int | None,
     max_tokens_cap: int | None = None,
+    prompt_tokens_details: bool = False,
 ) -> GenerationSpec:
     """Refuses prompts that are empty or, with the completion, longer than the context.
 
     With no max_tokens the completion may use the rest of the context (as vLLM does), so no
     request generates without bound. `max_tokens_cap` (the server's) lowers any larger
     value, asked for or not, as vLLM's override of max_new_tokens does.
+    `prompt_tokens_details`: report cached prompt tokens in usage (vLLM's
+    --enable-prompt-tokens-details).
     """
     if not prompt:
         raise errors.invalid("prompt is empty", "prompt")
@@ -41,4 +44,6 @@ def generation_spec(
         prompt_token_ids=prompt,
         sampling=sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
         stops=body.stops(),
+        cache_salt=body.cache_salt or "",
+        prompt_tokens_details=prompt_tokens_details,
     )

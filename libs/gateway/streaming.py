@@ -63,7 +63,10 @@ async def sse_events(
                         yield chunks.chunk(
                             [],
                             usage=usage(
-                                event.prompt_tokens, event.completion_tokens, event.cached_prompt_tokens
+                                event.prompt_tokens,
+                                event.completion_tokens,
+                                event.cached_prompt_tokens,
+                                details=spec.prompt_tokens_details,
                             ),
                         )
                     break
@@ -73,7 +76,8 @@ async def sse_events(
                 if fmt.options.continuous_usage_stats:
                     # The prompt's cached tokens are only known at the end: 0 until then.
                     yield chunks.chunk(
-                        [choice], usage=usage(len(spec.prompt_token_ids), completion_tokens, 0)
+                        [choice],
+                        usage=usage(len(spec.prompt_token_ids), completion_tokens, 0, details=False),
                     )
                 else:
                     yield chunks.chunk([choice])

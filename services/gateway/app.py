@@ -43,6 +43,7 @@ class GatewayState:
     pipeline: Pipeline
     pool: WorkerPool
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
 
 
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
@@ -182,6 +183,7 @@ def _spec(
         max_tokens=max_tokens,
         logprobs=logprobs,
         max_tokens_cap=edge.limits.max_tokens_cap,
+        prompt_tokens_details=state.prompt_tokens_details,
     )
 
 

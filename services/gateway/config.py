@@ -114,6 +114,10 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
         codec=POSITIVE_INT,
         help="most tokens one completion generates (default: the rest of the context)",
     )
+    # vLLM's flag of the same name and default: cached-token counts are a side channel.
+    enable_prompt_tokens_details: bool = flag(
+        False, help="report usage.prompt_tokens_details.cached_tokens (prompt tokens served from a cache)"
+    )
     max_stop_strings: int = flag(
         request_limits.DEFAULT_MAX_STOP_STRINGS, codec=POSITIVE_INT, help="most stop strings per request"
     )

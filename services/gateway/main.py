@@ -79,7 +79,12 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             request_timeout_s=config.request_timeout_s,
         )
         state = GatewayState(
-            parts.served_model, parts.max_model_len, parts.pipeline, parts.pool, parts.tokenizer
+            parts.served_model,
+            parts.max_model_len,
+            parts.pipeline,
+            parts.pool,
+            parts.tokenizer,
+            prompt_tokens_details=config.enable_prompt_tokens_details,
         )
         app = create_app(state, edge)
         # Outermost: a request's deadline starts when it arrives (libs/gateway/deadline.py).

@@ -89,13 +89,22 @@ class ScriptedPipeline:
             self.closed.set()
 
 
-def spec(*, n: int = 1, prompt: Sequence[int] = (1, 2), request_id: str = "r1") -> GenerationSpec:
+def spec(
+    *,
+    n: int = 1,
+    prompt: Sequence[int] = (1, 2),
+    request_id: str = "r1",
+    prompt_tokens_details: bool = False,
+    cache_salt: str = "",
+) -> GenerationSpec:
     return GenerationSpec(
         request_id=request_id,
         model="m",
         prompt_token_ids=list(prompt),
         sampling=common_pb2.SamplingParams(n=n),
         stops=[],
+        cache_salt=cache_salt,
+        prompt_tokens_details=prompt_tokens_details,
     )
 
 

@@ -5,6 +5,7 @@ are tested in seconds."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
@@ -61,11 +62,13 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.cancelled = asyncio.Event()
         self.released: list[str] = []
         self.generate_had_handoff: list[bool] = []
+        self.salts: list[str] = []  # each call's metadata.cache_salt
 
     async def Prefill(
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefillResponse:
         self.prefills += 1
+        self.salts.append(request.metadata.cache_salt)
         if self.fail_prefill:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "engine died")
         handoff = worker_pb2.KvHandoff(
@@ -77,6 +80,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         self.generate_had_handoff.append(request.HasField("handoff") and request.handoff.num_tokens > 0)
+        self.salts.append(request.metadata.cache_salt)
         if self.reject_handoffs > 0 and request.HasField("handoff"):
             self.reject_handoffs -= 1
             await context.abort(grpc.StatusCode.ABORTED, "the KV handoff's lease expired")
@@ -262,9 +266,11 @@ class StoredPrefix:
     def __init__(self, matched: int) -> None:
         self.matched = matched
         self.asked: list[str] = []
+        self.salts: list[str] = []
 
-    async def matched_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
+    async def matched_tokens(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> int:
         self.asked.append(request_id)
+        self.salts.append(cache_salt)
         return min(self.matched, len(token_ids))
 
 
@@ -277,6 +283,19 @@ async def test_a_prompt_the_kvstore_holds_skips_prefill(stack: Stack, tokenizer:
     await pool.close()
     assert text == ANSWER and lookup.asked == ["r1"]
     assert prefill.prefills == 0 and decode.generate_had_handoff == [False]
+
+
+async def test_the_cache_salt_reaches_the_kvstore_lookup_prefill_and_decode(
+    stack: Stack, tokenizer: Tokenizer
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = FakeWorker(tokens), FakeWorker(tokens)
+    lookup = StoredPrefix(matched=0)
+    pipeline, pool = await stack.pipeline({"prefill": [prefill], "decode": [decode]}, prefix_lookup=lookup)
+    await run(pipeline, dataclasses.replace(spec(tokenizer), cache_salt="tenant-a"))
+    await run(pipeline, spec(tokenizer))
+    await pool.close()
+    assert lookup.salts == prefill.salts == decode.salts == ["tenant-a", ""]
 
 
 async def test_a_long_uncached_tail_still_goes_through_prefill(stack: Stack, tokenizer: Tokenizer) -> None:

@@ -143,7 +143,10 @@ async def test_each_distinct_token_is_detokenized_once_and_on_its_own() -> None:
 
 
 async def test_text_completion_numbers_choices_per_prompt_echoes_and_sums_usage() -> None:
-    specs = [spec(n=2, prompt=[1, 2], request_id="first"), spec(n=2, prompt=[5], request_id="second")]
+    specs = [
+        spec(n=2, prompt=[1, 2], request_id="first", prompt_tokens_details=True),
+        spec(n=2, prompt=[5], request_id="second", prompt_tokens_details=True),
+    ]
     generations = [
         await responses.collect(two_sequences().run, specs[0]),
         await responses.collect(
@@ -191,9 +194,11 @@ async def test_text_completion_logprobs_without_echo() -> None:
     assert body["choices"][1]["logprobs"]["tokens"] == ["Hello", " there"]
 
 
-def test_usage_reports_cached_tokens_only_when_there_are_some() -> None:
-    assert responses.usage(7, 3, 0) == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    assert responses.usage(7, 3, 4)["prompt_tokens_details"] == {"cached_tokens": 4}
+def test_usage_reports_cached_tokens_only_when_there_are_some_and_details_are_on() -> None:
+    plain = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert responses.usage(7, 3, 0, details=True) == plain
+    assert responses.usage(7, 3, 4, details=True)["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert responses.usage(7, 3, 4, details=False) == plain  # vLLM's default
 
 
 def test_models_lists_the_served_model_with_its_context() -> None:

@@ -79,3 +79,30 @@ def test_the_servers_cap_lowers_any_larger_completion_length() -> None:
         return spec.sampling.max_tokens
 
     assert (max_tokens(None), max_tokens(50), max_tokens(5)) == (20, 20, 5)
+
+
+def test_the_cache_salt_and_prompt_tokens_details_reach_the_spec() -> None:
+    salted = generation_spec(
+        body(cache_salt="tenant-a"), [1], model="m", max_model_len=8, max_tokens=1, logprobs=None
+    )
+    assert (salted.cache_salt, salted.metadata().cache_salt, salted.prompt_tokens_details) == (
+        "tenant-a",
+        "tenant-a",
+        False,
+    )
+    plain = generation_spec(
+        body(), [1], model="m", max_model_len=8, max_tokens=1, logprobs=None, prompt_tokens_details=True
+    )
+    assert (plain.cache_salt, plain.prompt_tokens_details) == ("", True)
+
+
+@pytest.mark.parametrize("salt", ["", "a/b", "a@b", "a\\b", "a\x00b", "x" * 129])
+def test_cache_salts_vllm_refuses_are_refused(salt: str) -> None:
+    with pytest.raises(ValueError, match="cache_salt"):
+        body(cache_salt=salt)
+    from libs.gateway.openai_api import ChatCompletionRequest
+
+    with pytest.raises(ValueError, match="cache_salt"):
+        ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "cache_salt": salt}
+        )

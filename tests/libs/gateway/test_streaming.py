@@ -31,13 +31,14 @@ def stream_format(*, chat: bool, top: int = 0, **options: bool) -> StreamFormat:
     return StreamFormat(chat=chat, model="m", options=StreamOptions(**options), top_logprobs=top)
 
 
-async def stream(pipeline: ScriptedPipeline, fmt: StreamFormat, *, n: int = 1) -> list[Any]:
+async def stream(
+    pipeline: ScriptedPipeline, fmt: StreamFormat, *, n: int = 1, details: bool = True
+) -> list[Any]:
     """The events' payloads: parsed JSON objects, or the raw "[DONE]"."""
     unused: Any = FakeTokenizer()
     payloads = []
-    async for event in sse_events(
-        pipeline.run, spec(n=n, request_id="abc"), fmt, TokenizerTexts(unused).token_texts
-    ):
+    generation = spec(n=n, request_id="abc", prompt_tokens_details=details)
+    async for event in sse_events(pipeline.run, generation, fmt, TokenizerTexts(unused).token_texts):
         assert event.startswith("data: ") and event.endswith("\n\n")
         data = event[len("data: ") : -2]
         payloads.append(data if data == "[DONE]" else json.loads(data))
@@ -82,6 +83,12 @@ async def test_chat_stream_opens_with_roles_then_deltas_usage_and_done() -> None
         "total_tokens": 6,
         "prompt_tokens_details": {"cached_tokens": 1},
     }
+
+
+async def test_cached_tokens_are_reported_only_with_prompt_tokens_details() -> None:
+    fmt = stream_format(chat=True, include_usage=True)
+    hidden = await stream(ScriptedPipeline(TWO_SEQUENCES), fmt, n=2, details=False)
+    assert hidden[-2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
 
 
 async def test_completion_stream_has_no_role_chunk_and_no_usage_unless_asked() -> None:
