@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -26,8 +27,8 @@ async def call(auth: ApiKeyAuth, path: str, headers: list[tuple[bytes, bytes]]) 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
 
     await auth({"type": "http", "method": "POST", "path": path, "headers": headers}, receive, send)
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")

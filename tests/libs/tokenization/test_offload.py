@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 
@@ -25,8 +26,8 @@ class CopyCountingTokenizer:
 
 
 async def test_work_runs_off_the_loop_thread_with_a_copy_per_thread() -> None:
-    original = CopyCountingTokenizer()
-    threads = TokenizerThreads(original, max_concurrent=2)  # type: ignore[arg-type]
+    original: Any = CopyCountingTokenizer()
+    threads = TokenizerThreads(original, max_concurrent=2)
     loop_thread = threading.get_ident()
     seen = await asyncio.gather(*(threads.run(lambda t: (threading.get_ident(), t)) for _ in range(20)))
     threads.close()
