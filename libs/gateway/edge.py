@@ -19,8 +19,9 @@ class HttpEdge:
     auth_health: bool = False  # require the key on /health, /ready and /metrics too
 
     def install(self, app: Any) -> None:
-        """`app`: a Starlette/FastAPI app (its add_middleware). Outermost first: a request without a key is refused before its body is read,
-        and an oversized body before FastAPI parses it."""
+        """Adds the middleware to a Starlette/FastAPI `app`. The last added runs first: a
+        request without a key is refused before its body is read, an oversized body before
+        FastAPI parses it."""
         app.add_middleware(BodySizeLimit, max_bytes=self.max_body_bytes)
         if self.api_keys:
             app.add_middleware(
