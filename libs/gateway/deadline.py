@@ -123,7 +123,9 @@ class DeadlineStub:
                 if timeout is not None:
                     options["timeout"] = timeout
                 return method(request, **options)
-            call = method(request, timeout=deadline.timeout(timeout), **options)
+            # Never raises here: a stream opened in a constructor (the detokenizer's) must not
+            # fail before its owner can clean up; a call with no time left fails at once.
+            call = method(request, timeout=deadline.grpc_timeout(timeout), **options)
             if isinstance(call, grpc.aio.UnaryUnaryCall):
                 return _answer(call, deadline)
             return call
