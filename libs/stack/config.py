@@ -6,11 +6,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.config.codecs import BYTES, PORT
+from libs.config.codecs import BYTES, NON_NEGATIVE_INT, PORT
 from libs.config.errors import ConfigError
 from libs.config.flags import FLOAT, PATH, Codec, flag, group
 from libs.config.groups import DEFAULT_CACHE_DIR, EngineFlags, LoggingFlags, ModelFlags, RoleFlags
 from libs.config.values import check_disjoint
+from libs.stack.restarts import RestartPolicy
 from libs.stack.topology import Topology, parse_mode
 from libs.worker.speculative import parse_speculative_config
 
@@ -47,6 +48,14 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags):
     kvstore_redis_url: str | None = flag(
         None, help="the local kvstore's Redis tier, e.g. redis://127.0.0.1:6379"
     )
+    # A child that crashes is restarted on its address after a backoff that doubles with each
+    # recent restart; one that crashes more often than this stays down.
+    restart_limit: int = flag(
+        5, codec=NON_NEGATIVE_INT, help="local stack: restarts of a crashed child per window (0 = never)"
+    )
+    restart_window_s: float = flag(600.0, codec=FLOAT, help="local stack: the window of --restart-limit")
+    restart_backoff_s: float = flag(1.0, codec=FLOAT, help="local stack: wait before a first restart")
+    restart_max_backoff_s: float = flag(30.0, codec=FLOAT, help="local stack: the doubled wait's cap")
 
     def __post_init__(self) -> None:
         check_disjoint(
@@ -65,6 +74,11 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags):
         if self.decode.speculative_config:
             # Checked here too, so a bad key stops the gateway before it starts any process.
             parse_speculative_config(self.decode.speculative_config, "--decode-speculative-config")
+        for name in ("restart_window_s", "restart_backoff_s", "restart_max_backoff_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(
+                    "--" + name.replace("_", "-"), getattr(self, name), "a positive number of seconds"
+                )
         if self.kvstore and self.kvstore_address:
             raise ConfigError(
                 "--kvstore", True, "either --kvstore (start one) or --kvstore-address (use one), not both"
@@ -73,6 +87,15 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags):
     @property
     def uses_kvstore(self) -> bool:
         return self.kvstore or self.kvstore_address is not None
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            backoff_s=self.restart_backoff_s,
+            max_backoff_s=self.restart_max_backoff_s,
+            max_restarts=self.restart_limit,
+            window_s=self.restart_window_s,
+        )
 
     @property
     def log_dir(self) -> Path:

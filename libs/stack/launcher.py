@@ -5,6 +5,9 @@ Each child gets `--port 0 --port-file F` (unless a port was asked for): it binds
 port the kernel gives and writes it to F, so no port is ever picked by one process and bound
 by another. Children run `python -m services.<name>.main` with this process's import path,
 so the same code and packages serve under `bazel run` and from a checkout.
+
+LocalStack.watch supervises them: a child that crashes is restarted (restarts.py) on the
+address it had, which is the one the gateway's worker pool and the other services know.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from libs.rpc.channel import open_channel
 from libs.rpc.ports import read_port_file
 from libs.rpc.security import RpcSecurity, load_security
 from libs.stack import process as processes
+from libs.stack.metrics import GAVE_UP, RESTARTS
 from libs.stack.process import LaunchError, ProcessSpec, RunningProcess
+from libs.stack.restarts import RestartPolicy
 
 log = structlog.get_logger(__name__)
 
@@ -47,8 +52,16 @@ class Service:
     ready: bool = False
     started_at: float = field(default_factory=time.monotonic)
     ready_after_s: float | None = None
+    # How to start it again (start_service fills them in; without, it is never restarted).
+    module: str = ""
+    config: Any = None
     # What its health is checked with: its own --grpc-* TLS files (health needs no token).
     security: RpcSecurity = field(default_factory=RpcSecurity)
+    # Supervision (LocalStack.watch): when it was restarted, when it is due again, whether
+    # its last exit was dealt with.
+    restarts: list[float] = field(default_factory=list)
+    restart_at: float | None = None
+    exit_handled: bool = False
 
     @property
     def port(self) -> int | None:
@@ -73,6 +86,26 @@ class Service:
 
     def kill(self) -> None:
         self.running.kill()
+
+    def restart(self) -> None:
+        """Starts it again, once it has exited, on the port it had. Its log goes on."""
+        if self.config is None:
+            raise LaunchError(f"{self.name} was not started from a config; it cannot be restarted")
+        if self.running.exit_code() is None:
+            raise LaunchError(f"{self.name} is still running")
+        port = self.port
+        config = replace(self.config, port=port) if port else self.config
+        self.port_file.unlink(missing_ok=True)
+        attempt = len(self.restarts)
+        with self.running.log_path.open("a") as log_file:
+            log_file.write(f"\n---- cleave: restarted by the local stack (restart {attempt}) ----\n")
+        argv = processes.python_module(self.module, render(replace(config, port_file=self.port_file)))
+        log_dir = self.running.log_path.parent
+        self.running = processes.start(ProcessSpec(name=self.name, argv=argv), log_dir, append_log=True)
+        self.ready = False
+        self.started_at = time.monotonic()
+        self.exit_handled = False
+        log.info("restarted", service=self.name, pid=self.running.pid, port=port or "any", restart=attempt)
 
     def wait_bound(self, timeout_s: float = 120.0) -> str:
         """The address, once the child has bound its port (before it is ready to serve)."""
@@ -143,7 +176,9 @@ def start_service(name: str, role: str, module: str, config: Any, log_dir: Path)
     running = processes.start(ProcessSpec(name=name, argv=argv), log_dir)
     log.info("started", service=name, pid=running.pid, log=str(running.log_path))
     security = load_security(config, {}) if isinstance(config, GrpcSecurityFlags) else RpcSecurity()
-    return Service(name, role, running, port_file, host=config.host, security=security)
+    return Service(
+        name, role, running, port_file, host=config.host, module=module, config=config, security=security
+    )
 
 
 async def wait_ready(services: list[Service], timeout_s: float, *, progress: bool = False) -> None:
@@ -171,10 +206,12 @@ async def wait_ready(services: list[Service], timeout_s: float, *, progress: boo
 
 @dataclass
 class LocalStack:
-    """Services started together, watched while they run, stopped in reverse order."""
+    """Services started together, supervised while they run, stopped in reverse order."""
 
     log_dir: Path
     services: list[Service] = field(default_factory=list)
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    stopping: bool = False
 
     def start(self, name: str, role: str, module: str, config: Any) -> Service:
         service = start_service(name, role, module, config, self.log_dir)
@@ -188,28 +225,62 @@ class LocalStack:
         await wait_ready(self.services, timeout_s, progress=progress)
 
     async def watch(self, interval_s: float = 1.0) -> None:
-        """Reaps children that exit on their own and says so once, with the log to read.
-
-        The gateway keeps serving (its pool ejects the worker); without this the dead child
-        would linger as a zombie and nobody would be told where its last words are.
-        """
-        reported: set[str] = set()
+        """Supervises the children until cancelled: see supervise_once."""
         while True:
-            for service in self.services:
-                code = service.running.exit_code()
-                if code is not None and service.name not in reported:
-                    reported.add(service.name)
-                    log.error(
-                        "local service exited",
-                        service=service.name,
-                        code=code,
-                        log=str(service.running.log_path),
-                    )
+            self.supervise_once(time.monotonic())
             await asyncio.sleep(interval_s)
+
+    def supervise_once(self, now: float) -> None:
+        """Reaps children that exited on their own and says so once, with the log to read;
+        restarts one that crashed (a non-zero exit or a signal) after the policy's backoff,
+        unless its restarts are spent. A child that exits 0 was told to stop: it stays down.
+
+        The gateway keeps serving meanwhile (its pool ejects the worker and reinstates it when
+        the restarted one answers on the same address).
+        """
+        if self.stopping:
+            return
+        for service in self.services:
+            code = service.running.exit_code()
+            if code is None:
+                continue
+            if not service.exit_handled:
+                service.exit_handled = True
+                self._on_exit(service, code, now)
+            elif service.restart_at is not None and now >= service.restart_at:
+                service.restart_at = None
+                service.restarts.append(now)
+                RESTARTS.labels(service.name).inc()
+                try:
+                    service.restart()
+                except OSError as error:  # e.g. the log folder went away: try again later
+                    log.error("restart failed", service=service.name, error=str(error))
+                    service.exit_handled = False
+
+    def _on_exit(self, service: Service, code: int, now: float) -> None:
+        log.error("local service exited", service=service.name, code=code, log=str(service.running.log_path))
+        # What it started is still in its process group (vLLM's engine outlives a SIGKILLed
+        # worker, holding its cores and memory): gone now, not at the restart.
+        service.kill()
+        if code == 0 or service.config is None:
+            return
+        delay = self.restart_policy.delay(service.restarts, now)
+        if delay is None:
+            GAVE_UP.labels(service.name).inc()
+            log.error(
+                "not restarting: it crashed too often",
+                service=service.name,
+                restarts=self.restart_policy.max_restarts,
+                window_s=self.restart_policy.window_s,
+            )
+            return
+        service.restart_at = now + delay
+        log.warning("restarting", service=service.name, in_s=delay)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM every child at once (graceful drains overlap), then SIGKILL what is left by
-        the deadline, vLLM's engines too."""
+        the deadline, vLLM's engines too. Nothing is restarted from here on."""
+        self.stopping = True
         deadline = time.monotonic() + timeout_s
         known = [(s.running, s.running.begin_stop()) for s in reversed(self.services)]
         for running, descendants in known:

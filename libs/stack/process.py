@@ -1,6 +1,7 @@
 """The one process launcher: child servers started in their own process group with logs in
 files, waited on until they are ready, and stopped so that nothing they started outlives
-them. The gateway's local stack, tools/bench and the end-to-end tests all start theirs here.
+them, even when this process is killed (reaper.py). The gateway's local stack, tools/bench,
+tools/run_batch and the end-to-end tests all start theirs here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from libs.stack.reaper import reaper
 
 LOG_TAIL_LINES = 30
 
@@ -83,10 +86,13 @@ class RunningProcess:
         return total
 
     def kill(self) -> None:
-        """SIGKILL the whole process group at once (a crash, as tests provoke it)."""
-        with contextlib.suppress(ProcessLookupError):
+        """SIGKILL the whole process group at once (a crash, as tests provoke it). Also what
+        is left of a child that exited on its own: what it started (vLLM's engine) is still in
+        its group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
         self.process.wait()
+        reaper().forget(self.pid)
 
     def failure(self, what: str) -> LaunchError:
         return LaunchError(
@@ -132,12 +138,16 @@ class RunningProcess:
             with contextlib.suppress(psutil.Error):
                 child.kill()
         psutil.wait_procs(leftovers, timeout=10)
+        reaper().forget(self.pid)
 
 
-def start(spec: ProcessSpec, log_dir: Path) -> RunningProcess:
+def start(spec: ProcessSpec, log_dir: Path, *, append_log: bool = False) -> RunningProcess:
+    """Starts the child in a process group of its own, killed with everything in it if this
+    process dies first. `append_log`: a restart keeps the previous run's last words."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{spec.name}.log"
-    with log_path.open("wb") as handle:
+    watchdog = reaper()  # started first, so the child is registered right after its fork
+    with log_path.open("ab" if append_log else "wb") as handle:
         process = subprocess.Popen(
             list(spec.argv),
             stdout=handle,
@@ -146,6 +156,7 @@ def start(spec: ProcessSpec, log_dir: Path) -> RunningProcess:
             env=child_environment(spec.env),
             start_new_session=True,  # its own process group: Ctrl-C here reaches only us
         )
+    watchdog.watch(process.pid)
     return RunningProcess(spec, process, log_path)
 
 

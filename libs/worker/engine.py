@@ -105,4 +105,9 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    @property
+    def dead(self) -> bool:
+        """The engine stopped working for good (its process died); only a restart helps."""
+        ...
+
     async def shutdown(self) -> None: ...

@@ -227,6 +227,15 @@ class WorkerService:
             del self._leases[request_id]
         return len(self._leases)
 
+    # -- liveness ------------------------------------------------------------------------------
+    async def wait_engine_dead(self, poll_s: float = 0.5) -> None:
+        """Returns once the engine has died. Polled: vLLM only sets a flag (from its
+        engine-core monitor thread); requests in flight fail on their own, with
+        EngineUnavailable (gRPC UNAVAILABLE, the worker's failure)."""
+        while not self._engine.dead:  # noqa: ASYNC110 (vLLM has a flag, no event)
+            await asyncio.sleep(poll_s)
+        log.error("the engine died; this worker stops serving")
+
     # -- info and stats ----------------------------------------------------------------------
     def stats(self) -> worker_pb2.WorkerStats:
         engine = self._engine.stats()

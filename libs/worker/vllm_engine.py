@@ -93,6 +93,12 @@ class VllmEngine:
     def stats(self) -> EngineStats:
         return self._stats.stats
 
+    @property
+    def dead(self) -> bool:
+        # vLLM's engine-core monitor thread sets this within a second of the EngineCore
+        # process exiting; every request then fails with EngineDeadError.
+        return self._engine.errored
+
     async def shutdown(self) -> None:
         self._engine.shutdown()
 

@@ -6,10 +6,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +34,10 @@ from libs.worker.service import WorkerService
 from services.worker.servicer import SERVICE_NAME, WorkerServicer
 
 log = structlog.get_logger("cleave.worker")
+
+# The process's exit status when its engine died: non-zero, so a supervisor (the local stack,
+# systemd, Kubernetes) restarts it; distinct, so its log is not the only place that says why.
+EXIT_ENGINE_DIED = 3
 
 
 def resolved(config: WorkerConfig) -> WorkerConfig:
@@ -88,7 +93,41 @@ def pin_to_cores(cores: tuple[int, ...]) -> None:
     os.sched_setaffinity(0, cores)
 
 
-async def run(config: WorkerConfig, security: RpcSecurity) -> None:
+async def serve(
+    server: GrpcServer, load: Callable[[], Awaitable[None]], engine_dead: Callable[[], Awaitable[None]]
+) -> int:
+    """Serves until SIGINT/SIGTERM (returns 0) or until the engine, once loaded, dies: then the
+    server stops as on a signal (health NOT_SERVING first, in-flight calls, which fail with
+    UNAVAILABLE, get the grace period) and this returns EXIT_ENGINE_DIED. A worker whose
+    engine is gone would otherwise answer health checks and stats forever and serve nothing."""
+    loaded = asyncio.Event()
+
+    async def load_and_say_so() -> None:
+        await load()
+        loaded.set()
+
+    async def death() -> None:
+        await loaded.wait()
+        await engine_dead()
+
+    serving = asyncio.create_task(serve_until_signal(server, load=load_and_say_so))
+    dying = asyncio.create_task(death())
+    await asyncio.wait({serving, dying}, return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        dying.cancel()
+        if serving.exception() is not None:
+            await server.stop()  # a failed load: release the port, then raise
+        serving.result()
+        return 0
+    serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+    await server.stop()
+    log.error("stopped: the engine died", exit_code=EXIT_ENGINE_DIED)
+    return EXIT_ENGINE_DIED
+
+
+async def run(config: WorkerConfig, security: RpcSecurity) -> int:
     # vLLM reads these from the environment; set them before it is imported.
     os.environ.update(engine_environment(config))
     from libs.worker.vllm_engine import VllmEngine
@@ -105,6 +144,7 @@ async def run(config: WorkerConfig, security: RpcSecurity) -> None:
         [ServiceBinding(SERVICE_NAME, deferred, worker_pb2_grpc.add_WorkerServicer_to_server)],
     )
     engines: list[VllmEngine] = []
+    services: list[WorkerService] = []
 
     async def load() -> None:
         started = time.perf_counter()
@@ -118,10 +158,11 @@ async def run(config: WorkerConfig, security: RpcSecurity) -> None:
             seconds=round(time.perf_counter() - started, 1),
             kv_blocks=engine.info.num_kv_blocks,
         )
-        deferred.become(WorkerServicer(WorkerService(config, engine, address=server.address)))
+        services.append(WorkerService(config, engine, address=server.address))
+        deferred.become(WorkerServicer(services[0]))
 
     try:
-        await serve_until_signal(server, load=load)
+        return await serve(server, load, lambda: services[0].wait_engine_dead())
     finally:
         for engine in engines:
             await engine.shutdown()
@@ -148,8 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if config.metrics_port is not None:
         start_metrics_server(config.metrics_port)
-    asyncio.run(run(config, security))
-    return 0
+    return asyncio.run(run(config, security))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class FakeEngine:
         self.released: list[tuple[str, dict[str, Any]]] = []
         self.calls: list[dict[str, Any]] = []
         self._stats = EngineStats()
+        self.dead = False  # a test sets it: the engine's process "died"
 
     @property
     def info(self) -> EngineInfo:

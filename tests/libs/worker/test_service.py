@@ -285,3 +285,12 @@ async def test_the_cache_salt_reaches_the_engine_on_prefill_and_decode() -> None
     )
     await collect(decode, worker_pb2.GenerateRequest(metadata=meta("u"), prompt_token_ids=[1, 2]))
     assert [c["cache_salt"] for c in pengine.calls + dengine.calls] == ["tenant-a", "tenant-a", ""]
+
+
+async def test_wait_engine_dead_returns_once_the_engine_has_died() -> None:
+    service, engine = make(Role.BOTH)
+    waiting = asyncio.create_task(service.wait_engine_dead(poll_s=0.01))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # alive: still waiting
+    engine.dead = True
+    await asyncio.wait_for(waiting, timeout=5)

@@ -1,17 +1,23 @@
 """The worker entry point's CPU pinning: a device group this machine cannot run on is a
 one-line config error naming the flag; a usable one pins this process (and what it starts).
-And its context length: never beyond the model's own."""
+And its context length: never beyond the model's own. And a dead engine: the server stops and
+the process exits non-zero, for its supervisor to restart it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
 
+import grpc
+import grpc.aio
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.config.errors import ConfigError
-from services.worker.main import fitted_max_model_len, pin_to_cores
+from libs.rpc.server import GrpcServer, ServerConfig
+from services.worker.main import EXIT_ENGINE_DIED, fitted_max_model_len, pin_to_cores, serve
 
 
 def test_cores_the_machine_lacks_are_refused_with_the_flag() -> None:
@@ -34,3 +40,48 @@ def test_max_model_len_is_capped_at_the_models_own(tmp_path: Path) -> None:
     assert fitted_max_model_len(11264, tmp_path) == 8192  # qaic_disagg's documented value
     assert fitted_max_model_len(2048, tmp_path) == 2048
     assert fitted_max_model_len(None, tmp_path) is None  # vLLM takes the model's own
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_dies_stops_the_server_and_exits_non_zero() -> None:
+    server = GrpcServer(ServerConfig(), [])
+    died = asyncio.Event()
+    loaded = asyncio.Event()
+
+    async def load() -> None:
+        loaded.set()
+
+    async def engine_dead() -> None:
+        await died.wait()
+
+    serving = asyncio.create_task(serve(server, load, engine_dead))
+    await loaded.wait()  # the server is bound before the load starts
+    for _ in range(500):  # SERVING once the load has returned
+        if await health(server.address) == health_pb2.HealthCheckResponse.SERVING:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("the worker never said SERVING")
+    died.set()
+    assert await asyncio.wait_for(serving, timeout=30) == EXIT_ENGINE_DIED
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await health(server.address)  # stopped: nothing answers on its port any more
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.anyio
+async def test_a_failed_load_is_raised_not_reported_as_a_dead_engine() -> None:
+    async def load() -> None:
+        raise RuntimeError("no model")
+
+    async def engine_dead() -> None:
+        await asyncio.Event().wait()
+
+    with pytest.raises(RuntimeError, match="no model"):
+        await serve(GrpcServer(ServerConfig(), []), load, engine_dead)
+
+
+async def health(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        return int(response.status)
