@@ -6,6 +6,7 @@ requests got 503 until the next poll)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,7 +63,10 @@ MISTAKES = [
     ("n of zero", *chat(n=0)),
     ("stop of the wrong type", *completion(stop=5)),
     ("an empty stop string", *completion(stop=[""])),
-    ("too many stop strings", *completion(stop=[f"s{i}" for i in range(40)])),
+    ("too many stop strings", *completion(stop=[f"s{i}" for i in range(100)])),
+    ("a stop string too long", *completion(stop=["x" * 2000])),
+    ("a prompt far longer than the context", *completion(prompt="x" * (40 * MAX_MODEL_LEN))),
+    ("too many sequences", *completion(prompt=["a"] * 20, n=16)),
     ("top_p of zero", *chat(top_p=0)),
     ("top_k beyond 32 bits", *completion(top_k=2**40)),
     ("too many logprobs", *completion(logprobs=50)),
@@ -94,6 +98,29 @@ def test_a_body_that_is_not_json_is_a_4xx_openai_error(stack: tuple[Service, str
     )
     assert 400 <= response.status_code < 500
     assert response.json()["error"]["message"]
+
+
+def test_a_50_mb_body_is_refused_413_before_it_is_read(stack: tuple[Service, str]) -> None:
+    _service, base_url = stack
+    chunk = b"x" * (1024 * 1024)
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: refused while it streams in
+        for _ in range(50):
+            yield chunk
+
+    for body in (chunk * 50, chunked()):
+        started = time.monotonic()
+        response = httpx.post(
+            f"{base_url}/v1/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+        elapsed = time.monotonic() - started
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == "request_too_large"
+        print(f"413 after {elapsed:.2f} s")
+        assert elapsed < 5  # well under a second on loopback: answered unread
 
 
 def test_after_every_mistake_a_valid_request_succeeds_and_no_worker_was_ejected(
