@@ -7,7 +7,10 @@ to the prompt and the token budget reduced by them (`continuation_request`). It 
 handoff: the new worker computes the longer prompt itself (or loads its stored prefix, when
 the workers use a kvstore). The pipeline keeps the sequence's detokenize stream, token count
 and logprobs across the move, so the client's stream goes on with no token repeated or
-missing, and the usage it reports keeps the original prompt's length.
+missing, and the usage it reports keeps the original prompt's length. The new worker is
+chosen as any request's is, through admission control (libs/gateway/admission.py), among the
+decode workers (colocated ones when no decode worker is left) that have not failed this request;
+its slot is held to the request's end, and a wait for one counts against the request's deadline.
 
 What carries over, and what cannot:
 - Greedy decoding continues with the tokens the uninterrupted run would have produced (up to
@@ -41,8 +44,8 @@ import structlog
 
 from cleave.worker.v1 import worker_pb2
 from libs.gateway import metrics
-from libs.gateway.pool import Endpoint, WorkerPool
-from libs.gateway.routing import RoutingPolicy
+from libs.gateway.admission import Admission
+from libs.gateway.pool import Endpoint
 
 log = structlog.get_logger(__name__)
 
@@ -61,8 +64,8 @@ class MigrationRefused(Exception):
 
 
 @dataclass(frozen=True)
-class Continuation:
-    endpoint: Endpoint
+class Plan:
+    role: str  # "decode" or "both": admission control picks the worker (it waits for room)
     request: worker_pb2.GenerateRequest
 
 
@@ -104,29 +107,39 @@ class Migration:
         if index == 0:
             self._generated.extend(token_ids)
 
-    def next(self, failed: Endpoint, failure: str, pool: WorkerPool, policy: RoutingPolicy) -> Continuation:
-        """Where and how the request continues after `failed` failed it with `failure`; raises
-        MigrationRefused (counted by reason) when it cannot."""
+    @property
+    def failed(self) -> frozenset[str]:
+        """Addresses of the workers that failed this request; it does not go back to them."""
+        return frozenset(self._failed)
+
+    def plan(self, failed: Endpoint, failure: str, admission: Admission) -> Plan:
+        """The role of the worker to continue on and the continuation request, after `failed`
+        failed the request with `failure`; raises MigrationRefused (counted) when it cannot move."""
         self._failed.add(failed.address)
         refusal = self._refusal()
-        request = continuation_request(self._original, self._generated)
-        endpoint = None if refusal else self._pick(pool, policy, request.prompt_token_ids)
-        if endpoint is None:
-            reason, why = refusal or ("no_worker", "no other healthy decode or colocated worker")
+        # Decode workers first (generating is their job); colocated ones when none is left.
+        roles = [r for r in ("decode", "both") if admission.serviceable(r, exclude=self._failed)]
+        if refusal is None and not roles:
+            refusal = "no_worker", "no other healthy decode or colocated worker"
+        if refusal is not None:
+            reason, why = refusal
             metrics.MIGRATIONS_REFUSED.labels(reason).inc()
             raise MigrationRefused(f"{failure}; not continued on another worker: {why}")
+        return Plan(roles[0], continuation_request(self._original, self._generated))
+
+    def moved_to(self, endpoint: Endpoint, failure: str) -> None:
+        """The continuation was sent to `endpoint`: counted and logged."""
         self.migrations += 1
         metrics.MIGRATIONS.inc()
         log.warning(
             "continuing the request on another worker",
             request_id=self._original.metadata.request_id,
-            failed=failed.address,
+            failed=sorted(self._failed),
             failure=failure,
             to=endpoint.address,
             generated_tokens=len(self._generated),
             migration=self.migrations,
         )
-        return Continuation(endpoint, request)
 
     def _refusal(self) -> tuple[str, str] | None:
         """(metric label, reason) when the request cannot move at all."""
@@ -142,12 +155,4 @@ class Migration:
         if sampling.HasField("max_tokens") and len(self._generated) >= sampling.max_tokens:
             # The worker sent every token but not the finish: nothing is left to generate.
             return "nothing_left", "all max_tokens were generated but the sequence never finished"
-        return None
-
-    def _pick(self, pool: WorkerPool, policy: RoutingPolicy, prompt: Sequence[int]) -> Endpoint | None:
-        # Decode workers first (generating is their job); colocated ones when none is left.
-        for role in ("decode", "both"):
-            candidates = [e for e in pool.healthy(role) if e.address not in self._failed]
-            if candidates:
-                return policy.pick(candidates, prompt)
         return None

@@ -17,8 +17,8 @@ the tokenizer's stream are the tokenizer's (libs/gateway/detokenize.py) and ejec
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -268,24 +268,51 @@ class Pipeline:
         migration = Migration(request, limit=self._migration_limit)
         first_endpoint = endpoint
         try:
-            while True:
-                try:
-                    async with aclosing(self._stream(spec, endpoint, request, progress, migration)) as events:
-                        async for event in events:
-                            yield event
-                    return
-                except WorkerFailed as failed:
+            # Holds the admission slot of each worker the request moves to, to its end.
+            async with AsyncExitStack() as slots:
+                while True:
                     try:
-                        continuation = migration.next(endpoint, str(failed), self._pool, self._decode_policy)
-                    except MigrationRefused as refused:
-                        raise MidStreamError(str(refused)) from failed
-                    endpoint, request = continuation.endpoint, continuation.request
+                        async with aclosing(
+                            self._stream(spec, endpoint, request, progress, migration)
+                        ) as events:
+                            async for event in events:
+                                yield event
+                        return
+                    except WorkerFailed as failed:
+                        endpoint, request = await self._move(spec, endpoint, failed, migration, slots)
         finally:
             for detokenizer in detokenizers.values():
                 detokenizer.close()
             if handoff is not None and handoff.transport and not progress.emitted:
                 # The decode never consumed the handoff: free the prefill's KV now.
                 await asyncio.shield(self._release(first_endpoint, spec.request_id, handoff))
+
+    async def _move(
+        self,
+        spec: GenerationSpec,
+        failed_endpoint: Endpoint,
+        failure: WorkerFailed,
+        migration: Migration,
+        slots: AsyncExitStack,
+    ) -> tuple[Endpoint, worker_pb2.GenerateRequest]:
+        """The worker and request that continue a request its worker failed mid-stream
+        (libs/gateway/migration.py). The new worker's admission slot is held by `slots`; waiting
+        for one counts against the request's deadline like any other."""
+        try:
+            plan = migration.plan(failed_endpoint, str(failure), self._admission)
+        except MigrationRefused as refused:
+            raise MidStreamError(str(refused)) from failure
+        prompt = list(plan.request.prompt_token_ids)
+        endpoint = await slots.enter_async_context(
+            self._admission.admit(
+                plan.role,
+                lambda candidates: self._decode_policy.pick(candidates, prompt),
+                exclude=migration.failed,
+                deadline=spec.deadline,
+            )
+        )
+        migration.moved_to(endpoint, str(failure))
+        return endpoint, plan.request
 
     async def _stream(
         self,
@@ -294,7 +321,7 @@ class Pipeline:
         request: worker_pb2.GenerateRequest,
         progress: _Progress,
         migration: Migration,
-    ) -> AsyncIterator[SequenceEvent | Finished]:
+    ) -> AsyncGenerator[SequenceEvent | Finished, None]:
         """One worker's Generate stream as events. Its own failure after tokens were sent raises
         WorkerFailed (the request may move); other failures end the request."""
         endpoint.in_flight += 1

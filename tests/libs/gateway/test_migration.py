@@ -301,6 +301,8 @@ async def test_each_kind_of_worker_failure_moves_the_request(stack: Stack, how: 
     moved = await run(pipeline, stack.spec())
     assert moved.text == ANSWER
     assert [name for name, _ in stack.script.calls] in (["decode0", "decode1"], ["decode1", "decode0"])
+    # Every admission slot the request took (the first worker's, the second's) was given back.
+    assert stack.pool is not None and all(e.admitted == 0 for e in stack.pool.endpoints)
 
 
 async def test_an_internal_error_mid_stream_is_not_moved(stack: Stack) -> None:
