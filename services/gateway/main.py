@@ -91,7 +91,8 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
         app.add_middleware(RequestDeadline, timeout_s=config.request_timeout_s)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
         print(
-            f"cleave: serving {state.served_model} at http://{config.host}:{port}/v1",
+            f"cleave: serving {state.served_model} at http://{config.host}:{port}/v1"
+            + (f" (API key required: {len(edge.api_keys)} configured)" if edge.api_keys else ""),
             file=sys.stderr,
             flush=True,
         )
