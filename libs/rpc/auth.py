@@ -46,8 +46,8 @@ class TokenAuthServerInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
-        given = _authorization(handler_call_details.invocation_metadata)  # type: ignore[attr-defined]
+        method: str = handler_call_details.method
+        given = _authorization(handler_call_details.invocation_metadata)
         if method.startswith(HEALTH_METHOD_PREFIX) or hmac.compare_digest(given, self._expected):
             return await continuation(handler_call_details)
         REFUSED.inc()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -66,18 +67,18 @@ async def get_info(address: str, security: RpcSecurity | None = None) -> grpc.St
     return grpc.StatusCode.OK
 
 
-def tls(pem: Pem, ca: Pem | None = None, **fields: object) -> RpcSecurity:
+def tls(pem: Pem, ca: Pem | None = None, **fields: Any) -> RpcSecurity:
     return RpcSecurity(
         cert_chain=pem.cert, private_key=pem.key, ca_certificates=ca.cert if ca else None, **fields
-    )  # type: ignore[arg-type]
+    )
 
 
-def client(ca: Pem, pem: Pem | None = None, **fields: object) -> RpcSecurity:
+def client(ca: Pem, pem: Pem | None = None, **fields: Any) -> RpcSecurity:
     return RpcSecurity(
         ca_certificates=ca.cert,
         cert_chain=pem.cert if pem else None,
         private_key=pem.key if pem else None,
-        **fields,  # type: ignore[arg-type]
+        **fields,
     )
 
 
@@ -175,7 +176,7 @@ def blocking_get_info(address: str, security: RpcSecurity) -> grpc.StatusCode:
         try:
             worker_pb2_grpc.WorkerStub(channel).GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
         except grpc.RpcError as error:
-            return error.code()  # type: ignore[attr-defined,no-any-return]
+            return error.code()
     return grpc.StatusCode.OK
 
 
