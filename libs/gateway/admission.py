@@ -90,8 +90,9 @@ class Admission:
         deadline: Deadline = NO_DEADLINE,
     ) -> AsyncIterator[Endpoint]:
         """A worker of `role` (not in `exclude`) with room, chosen by `pick` among those with
-        room, held for the block. Waits in the queue when none has room."""
-        endpoint = self._try(role, pick, exclude)
+        room, held for the block. Waits in the queue when none has room, or when others wait
+        already (first come, first served)."""
+        endpoint = None if self._waiters else self._try(role, pick, exclude)
         if endpoint is None:
             waiter = _Waiter(role, pick, exclude, asyncio.get_running_loop().create_future())
             endpoint = await self._wait(waiter, deadline)
@@ -122,34 +123,37 @@ class Admission:
         return endpoint
 
     async def _wait(self, waiter: _Waiter, deadline: Deadline) -> Endpoint:
-        if not self.serviceable(waiter.role, waiter.exclude):
-            REJECTED.labels("no_workers").inc()
-            raise errors.no_workers(waiter.role)
-        if len(self._waiters) >= self._config.max_queued_requests:
+        # Queued behind those already waiting; served at once if a slot is free for it (a
+        # waiter ahead may be unable to use it), refused (503) if no worker can serve it.
+        self._waiters.append(waiter)
+        self._dispatch()
+        if waiter.granted.done():
+            return waiter.granted.result()
+        if len(self._waiters) > self._config.max_queued_requests:
+            self._waiters.remove(waiter)
+            QUEUE_DEPTH.set(len(self._waiters))
             REJECTED.labels("queue_full").inc()
             raise errors.queue_full(self._config.max_queued_requests, RETRY_AFTER_S)
         timeout = self._config.queue_timeout_s or None
         remaining = deadline.remaining()
         if remaining is not None:
             timeout = remaining if timeout is None else min(timeout, remaining)
-        self._waiters.append(waiter)
-        QUEUE_DEPTH.set(len(self._waiters))
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
                 return await waiter.granted
-        except TimeoutError:
+        except BaseException as error:
+            # A worker granted just as the wait ended (timeout, or the client went away)
+            # before this task resumed: give the slot back.
+            granted = waiter.granted
+            if granted.done() and not granted.cancelled() and granted.exception() is None:
+                self._release(granted.result())
+            if not isinstance(error, TimeoutError):
+                raise
             if deadline.expired():
                 raise deadline.exceeded() from None
             REJECTED.labels("queue_timeout").inc()
             raise errors.queue_timeout(round(time.monotonic() - started, 1), RETRY_AFTER_S) from None
-        except BaseException:
-            # Cancelled (the client went away) after a worker was granted but before this
-            # task resumed: give the slot back.
-            granted = waiter.granted
-            if granted.done() and not granted.cancelled() and granted.exception() is None:
-                self._release(granted.result())
-            raise
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)

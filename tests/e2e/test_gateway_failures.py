@@ -6,6 +6,9 @@ makes the gateway retry that request on the other one (counted), then it is ejec
 worker killed mid-stream gives the client an error event within seconds, and the gateway stops
 routing to it.
 
+Between the two, admission control: a burst beyond the gateway's queue is refused with 429
+and Retry-After while the requests admitted answer.
+
 The tests share one stack and run in file order (the last leaves no decode worker).
 """
 
@@ -38,6 +41,8 @@ MAX_TOKENS = 16
 MAX_MODEL_LEN = 4096
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+INFLIGHT = 2  # per worker
+QUEUED = 2
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +84,9 @@ def stack(
     service, base_url = start_gateway_stack(
         "2p1d", tmp_path_factory.mktemp("cache"), "--kvstore", "--kvstore-cpu-bytes", "512MiB",
         "--routing", "round_robin", "--max-model-len", str(MAX_MODEL_LEN),
+        # Small admission bounds for test_a_burst_beyond_the_queue_is_429; the other tests
+        # send at most 2 requests at once, which these let through.
+        "--max-inflight-per-worker", str(INFLIGHT), "--max-queued-requests", str(QUEUED),
     )  # fmt: skip
     try:
         yield service, base_url
@@ -181,6 +189,36 @@ def test_stored_prefixes_are_loaded_not_computed(
     assert warm == cold
 
 
+def test_a_burst_beyond_the_queue_is_429_with_retry_after(stack: tuple[Service, str]) -> None:
+    """One decode worker takes INFLIGHT requests, QUEUED more wait in the gateway, the rest
+    of a simultaneous burst are refused at once with 429 and Retry-After; the others answer."""
+    _, base_url = stack
+    model = served_model(base_url)
+    burst = 3 * (INFLIGHT + QUEUED)
+    with ThreadPoolExecutor(burst) as pool:
+        answers = list(
+            pool.map(lambda _: chat(base_url, model, max_tokens=32, ignore_eos=True), range(burst))
+        )
+    statuses = [a.status_code for a in answers]
+    print(f"burst of {burst}: {statuses.count(200)} answered, {statuses.count(429)} refused")
+    assert set(statuses) <= {200, 429}, [a.text for a in answers if a.status_code not in (200, 429)]
+    assert statuses.count(200) >= INFLIGHT + QUEUED and statuses.count(429) >= 1
+    for refused in (a for a in answers if a.status_code == 429):
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    queue_full = 'cleave_gateway_admission_rejected_total{reason="queue_full"}'
+    assert metric(base_url, queue_full) == statuses.count(429)
+    assert metric(base_url, "cleave_gateway_queue_depth") == 0
+
+
+def metric(base_url: str, series: str) -> float:
+    """One series' value on the gateway's /metrics (0 before it exists)."""
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def kill_worker(gateway: Service, address: str, sig: signal.Signals = signal.SIGKILL) -> None:
     """Signals the worker serving `address` and its vLLM engine processes (its process group)."""
     port = int(address.rsplit(":", 1)[1])
@@ -193,11 +231,7 @@ def kill_worker(gateway: Service, address: str, sig: signal.Signals = signal.SIG
 
 def retries(base_url: str, stage: str) -> float:
     """cleave_gateway_retries_total{stage} on the gateway's /metrics (0 before the first)."""
-    series = f'cleave_gateway_retries_total{{stage="{stage}"}}'
-    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return metric(base_url, f'cleave_gateway_retries_total{{stage="{stage}"}}')
 
 
 def chat(base_url: str, model: str, **extra: object) -> httpx.Response:
