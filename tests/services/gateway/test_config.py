@@ -99,6 +99,20 @@ def test_qaic_disagg_flags_parse() -> None:
             "--breaker-cooldown",
             "0.5",
         ],
+        [
+            "--grpc-reflection",
+            "--grpc-tls-cert-file",
+            "/etc/cleave/tls.crt",
+            "--grpc-tls-key-file",
+            "/etc/cleave/tls.key",
+            "--grpc-tls-ca-file",
+            "/etc/cleave/ca.crt",
+            "--grpc-tls-server-name",
+            "cleave.internal",
+            "--grpc-token-file",
+            "/run/cleave/grpc-token",
+            "--grpc-stack-token",
+        ],
     ],
 )
 def test_rendering_gives_back_the_same_config(argv: list[str]) -> None:
