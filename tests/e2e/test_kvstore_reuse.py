@@ -118,7 +118,7 @@ def proxy(stack_and_proxy: tuple[dict[str, Service], FaultyKvStoreProxy]) -> Fau
 
 
 async def generate(
-    service: Service, request_id: str, ids: list[int], max_tokens: int = MAX_TOKENS
+    service: Service, request_id: str, ids: list[int], max_tokens: int = MAX_TOKENS, cache_salt: str = ""
 ) -> tuple[list[int], float]:
     """Greedy tokens and the time to the first one."""
     started = time.perf_counter()
@@ -127,7 +127,7 @@ async def generate(
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         request = worker_pb2.GenerateRequest(
-            metadata=common_pb2.RequestMetadata(request_id=request_id),
+            metadata=common_pb2.RequestMetadata(request_id=request_id, cache_salt=cache_salt),
             prompt_token_ids=ids,
             sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens),
         )
@@ -140,13 +140,13 @@ async def generate(
     return tokens, first
 
 
-async def prefill(service: Service, request_id: str, ids: list[int]) -> float:
+async def prefill(service: Service, request_id: str, ids: list[int], cache_salt: str = "") -> float:
     """Prefill-only (its KV then waits for a decode worker until its lease ends); seconds."""
     started = time.perf_counter()
     async with grpc.aio.insecure_channel(service.address) as channel:
         response = await worker_pb2_grpc.WorkerStub(channel).Prefill(
             worker_pb2.PrefillRequest(
-                metadata=common_pb2.RequestMetadata(request_id=request_id),
+                metadata=common_pb2.RequestMetadata(request_id=request_id, cache_salt=cache_salt),
                 prompt_token_ids=ids,
                 sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
             )
@@ -191,12 +191,27 @@ async def test_a_prefix_saved_by_one_worker_is_loaded_by_another(
     assert tokens == reference["second"]
 
 
-async def save_prefix(stack: dict[str, Service], request_id: str, ids: list[int]) -> None:
+async def save_prefix(
+    stack: dict[str, Service], request_id: str, ids: list[int], cache_salt: str = ""
+) -> None:
     """The prefill worker computes `ids` and the kvstore ends up holding its full chunks."""
     held = await stored_chunks(stack["kvstore"].address, at_least=0)
-    await prefill(stack["prefill"], request_id, ids)
+    await prefill(stack["prefill"], request_id, ids, cache_salt)
     wanted = held + len(ids) // CHUNK_TOKENS
     assert await stored_chunks(stack["kvstore"].address, at_least=wanted) >= wanted
+
+
+async def test_a_salted_prefix_is_loaded_only_under_its_salt(
+    stack: dict[str, Service], prompts: dict[str, list[int]], reference: dict[str, list[int]]
+) -> None:
+    await save_prefix(stack, "salted-first", prompts["first"], cache_salt="tenant-a")
+    for salt, loads in (("tenant-b", False), ("tenant-a", True)):
+        before = await stats(stack["both"])
+        tokens, _ = await generate(stack["both"], f"salted-second-{salt}", prompts["second"], cache_salt=salt)
+        after = await settled_stats(stack["both"])
+        loaded = after.kvstore.tokens_loaded - before.kvstore.tokens_loaded
+        assert (loaded >= 0.9 * PREFIX_TOKENS) if loads else (loaded == 0), (salt, after.kvstore)
+        assert tokens == reference["second"]
 
 
 async def test_a_corrupt_chunk_is_recomputed_not_used(
@@ -255,4 +270,4 @@ async def test_an_unreachable_kvstore_means_computing_not_failing(
     assert tokens == reference["unreachable"]
     assert after.kvstore.lookup_failures > before.kvstore.lookup_failures
     assert after.prompt_tokens_external == before.prompt_tokens_external
-    assert "kvstore unreachable" in stack["both"].running.log_path.read_text(errors="replace")
+    assert "kvstore lookup failed" in stack["both"].running.log_path.read_text(errors="replace")
