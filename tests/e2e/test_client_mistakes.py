@@ -137,6 +137,9 @@ def test_after_every_mistake_a_valid_request_succeeds_and_no_worker_was_ejected(
     assert response.json()["choices"][0]["message"]["content"]
     health = httpx.get(f"{base_url}/health", timeout=10)
     assert health.status_code == 200
+    assert health.json()["status"] == "ok" and health.json()["tokenizer"] == {"reachable": True}
+    ready = httpx.get(f"{base_url}/ready", timeout=10)
+    assert (ready.status_code, ready.json()) == (200, {"ready": True})
     workers = health.json()["workers"]
     assert {w["role"] for w in workers} == {"prefill", "decode"}
     assert all(w["healthy"] for w in workers), workers
