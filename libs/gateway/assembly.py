@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import cast
 
 import prometheus_client
 
@@ -60,7 +61,9 @@ async def assemble(
     tokenizer_channel = open_channel(tokenizer_address, security=security)
     cleanup.push_async_callback(tokenizer_channel.close)
     # Every tokenizer call gets the request's remaining time as its deadline (deadline.py).
-    tokenizer = DeadlineStub(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel))
+    tokenizer = cast(
+        tokenizer_pb2_grpc.TokenizerStub, DeadlineStub(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel))
+    )
     lookup = None
     if kvstore_address:
         # The workers' layout keys the kvstore's chunks; the gateway asks with the same one.

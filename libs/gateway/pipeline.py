@@ -17,7 +17,7 @@ the tokenizer's stream are the tokenizer's (libs/gateway/detokenize.py) and ejec
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -160,9 +160,8 @@ class Pipeline:
         role = "decode" if self._admission.serviceable("decode") else "both"
         if not self._admission.serviceable(role):
             raise errors.no_workers("decode")
-        async with self._admission.admit(
-            role, lambda candidates: self._decode_policy.pick(candidates, spec.prompt_token_ids), deadline=spec.deadline
-        ) as decode:  # fmt: skip
+        pick = _picker(self._decode_policy, spec)
+        async with self._admission.admit(role, pick, deadline=spec.deadline) as decode:
             if role == "both":
                 async for event in self._generate(spec, decode, None):
                     yield event
@@ -210,12 +209,11 @@ class Pipeline:
         for attempt in range(self._prefill_attempts):
             if not self._admission.serviceable("prefill", exclude=tried):
                 break
-            async with self._admission.admit(
-                "prefill",
-                lambda candidates: self._prefill_policy.pick(candidates, spec.prompt_token_ids),
-                exclude=frozenset(tried),
-                deadline=spec.deadline,
-            ) as endpoint:
+            pick = _picker(self._prefill_policy, spec)
+            admitted = self._admission.admit(
+                "prefill", pick, exclude=frozenset(tried), deadline=spec.deadline
+            )
+            async with admitted as endpoint:
                 tried.add(endpoint.address)
                 endpoint.in_flight += 1
                 try:
@@ -392,6 +390,11 @@ class Pipeline:
             )
         except grpc.aio.AioRpcError as error:
             log.warning("could not release prefill KV; its lease will expire", code=error.code().name)
+
+
+def _picker(policy: RoutingPolicy, spec: GenerationSpec) -> Callable[[Sequence[Endpoint]], Endpoint]:
+    """The policy's choice for this request among the workers admission control offers."""
+    return lambda candidates: policy.pick(candidates, spec.prompt_token_ids)
 
 
 def check_vocabulary(spec: GenerationSpec, vocab_size: int) -> None:

@@ -46,7 +46,8 @@ class Endpoint:
     breaker: CircuitBreaker = field(default=None)  # type: ignore[assignment]  # set in __post_init__
 
     def __post_init__(self) -> None:
-        if self.breaker is None:
+        given: CircuitBreaker | None = self.breaker
+        if given is None:
             self.breaker = CircuitBreaker(self.address, self.role, closed=self.healthy)
         self.healthy = self.breaker.state is BreakerState.CLOSED
         self.breaker.listeners.append(self._breaker_changed)
@@ -81,7 +82,11 @@ class WorkerPool:
     def add(self, address: str, role: str, stub: Any, channel: grpc.aio.Channel | None = None) -> Endpoint:
         """An endpoint with this pool's breaker settings (tests pass in-memory stubs)."""
         endpoint = Endpoint(
-            address, role, channel, stub, breaker=CircuitBreaker(address, role, self._breaker, clock=self._clock)
+            address,
+            role,
+            channel,
+            stub,
+            breaker=CircuitBreaker(address, role, self._breaker, clock=self._clock),
         )
         endpoint.breaker.listeners.append(lambda _state: self._changed())
         self.endpoints.append(endpoint)

@@ -71,7 +71,7 @@ async def test_requests_beyond_the_bound_wait_and_go_in_arrival_order() -> None:
     assert REGISTRY.get_sample_value("cleave_gateway_queue_depth") == 2
     assert worker.calls["Generate"] == 1
     worker.hold.set()
-    assert await asyncio.gather(first, *waiting) == [ANSWER] * 3
+    assert list(await asyncio.gather(first, *waiting)) == [ANSWER] * 3
     assert finished == ["a", "b", "c"]
     assert admission.queued == 0 and pool.endpoints[0].admitted == 0
     assert REGISTRY.get_sample_value("cleave_gateway_queue_depth") == 0
@@ -94,7 +94,7 @@ async def test_a_full_queue_is_429_with_retry_after() -> None:
     assert raised.value.headers == {"Retry-After": "1"}
     assert rejected("queue_full") == before + 1
     worker.hold.set()
-    assert await asyncio.gather(running, queued) == [ANSWER] * 2
+    assert list(await asyncio.gather(running, queued)) == [ANSWER] * 2
 
 
 async def test_a_wait_past_the_queue_timeout_is_429() -> None:
@@ -201,7 +201,7 @@ async def test_a_half_open_worker_takes_one_probe_request_and_its_success_reopen
     behind = asyncio.create_task(text(p, spec("behind")))
     await until(lambda: admission.queued == 1)  # one probe at a time, though the bound is 16
     worker.hold.set()
-    assert await asyncio.gather(probe, behind) == [ANSWER] * 2
+    assert list(await asyncio.gather(probe, behind)) == [ANSWER] * 2
     assert pool.endpoints[0].breaker.state is BreakerState.CLOSED
 
 

@@ -15,6 +15,10 @@ class Clock:
         return self.now
 
 
+def state_of(b: CircuitBreaker) -> BreakerState:
+    return b.state  # read afresh each time (a cool-down ends when the clock moves)
+
+
 def breaker(clock: Clock, worker: str = "w:1", **config: float) -> CircuitBreaker:
     settings = BreakerConfig(**{"failures_to_open": 3, "cooldown_s": 5.0, "max_cooldown_s": 60.0, **config})  # type: ignore[arg-type]
     return CircuitBreaker(worker, "decode", settings, closed=True, clock=clock)
@@ -27,9 +31,9 @@ def test_k_consecutive_request_failures_open_and_a_success_resets_the_streak() -
     b.request_succeeded()
     b.request_failed("UNAVAILABLE")
     b.request_failed("UNAVAILABLE")
-    assert b.state is BreakerState.CLOSED and b.available()
+    assert state_of(b) is BreakerState.CLOSED and b.available()
     b.request_failed("UNAVAILABLE")
-    assert b.state is BreakerState.OPEN and not b.available()
+    assert state_of(b) is BreakerState.OPEN and not b.available()
 
 
 def test_answered_polls_do_not_hide_failing_requests() -> None:
@@ -39,7 +43,7 @@ def test_answered_polls_do_not_hide_failing_requests() -> None:
         b.request_failed("engine unavailable")
         b.poll_succeeded()
     b.request_failed("engine unavailable")
-    assert b.state is BreakerState.OPEN
+    assert state_of(b) is BreakerState.OPEN
 
 
 def test_k_failed_polls_open_and_an_answered_one_resets_them() -> None:
@@ -49,9 +53,9 @@ def test_k_failed_polls_open_and_an_answered_one_resets_them() -> None:
     b.poll_succeeded()
     b.poll_failed("UNAVAILABLE")
     b.poll_failed("UNAVAILABLE")
-    assert b.state is BreakerState.CLOSED
+    assert state_of(b) is BreakerState.CLOSED
     b.poll_failed("UNAVAILABLE")
-    assert b.state is BreakerState.OPEN
+    assert state_of(b) is BreakerState.OPEN
 
 
 def test_after_the_cool_down_one_probe_request_goes_and_its_success_closes() -> None:
@@ -59,16 +63,16 @@ def test_after_the_cool_down_one_probe_request_goes_and_its_success_closes() -> 
     b = breaker(clock, failures_to_open=1)
     b.request_failed("UNAVAILABLE")
     clock.now += 4.9
-    assert b.state is BreakerState.OPEN
+    assert state_of(b) is BreakerState.OPEN
     b.poll_succeeded()  # an answered poll during the cool-down proves nothing yet
-    assert b.state is BreakerState.OPEN
+    assert state_of(b) is BreakerState.OPEN
     clock.now += 0.1
-    assert b.state is BreakerState.HALF_OPEN and b.available()
+    assert state_of(b) is BreakerState.HALF_OPEN and b.available()
     b.start_request()
     assert not b.available()  # one probe at a time
     b.request_succeeded()
     b.end_request()
-    assert b.state is BreakerState.CLOSED and b.available()
+    assert state_of(b) is BreakerState.CLOSED and b.available()
 
 
 def test_an_answered_poll_after_the_cool_down_closes() -> None:
@@ -77,7 +81,7 @@ def test_an_answered_poll_after_the_cool_down_closes() -> None:
     b.poll_failed("UNAVAILABLE")
     clock.now += 5
     b.poll_succeeded()
-    assert b.state is BreakerState.CLOSED
+    assert state_of(b) is BreakerState.CLOSED
 
 
 def test_a_probe_ending_without_an_outcome_lets_the_next_one_go() -> None:
@@ -89,7 +93,7 @@ def test_a_probe_ending_without_an_outcome_lets_the_next_one_go() -> None:
     clock.now += 5
     b.start_request()
     b.end_request()
-    assert b.state is BreakerState.HALF_OPEN and b.available()
+    assert state_of(b) is BreakerState.HALF_OPEN and b.available()
 
 
 def test_a_failed_probe_reopens_with_a_doubled_cool_down_until_a_request_succeeds() -> None:
@@ -111,14 +115,14 @@ def test_a_failed_probe_reopens_with_a_doubled_cool_down_until_a_request_succeed
     assert b.cooldown_s == 12.0
     clock.now += 12
     b.request_succeeded()
-    assert b.state is BreakerState.CLOSED and b.cooldown_s == 5.0
+    assert state_of(b) is BreakerState.CLOSED and b.cooldown_s == 5.0
 
 
 def test_a_new_breaker_waits_for_the_first_answered_poll() -> None:
     b = CircuitBreaker("w:new", "prefill", clock=Clock())
-    assert b.state is BreakerState.HALF_OPEN
+    assert state_of(b) is BreakerState.HALF_OPEN
     b.poll_succeeded()
-    assert b.state is BreakerState.CLOSED
+    assert state_of(b) is BreakerState.CLOSED
 
 
 def test_state_and_transitions_are_metrics() -> None:
@@ -139,7 +143,7 @@ def test_state_and_transitions_are_metrics() -> None:
     b.request_failed("UNAVAILABLE")
     assert state() == 2 and transitions("open") == 1
     clock.now += 5
-    assert b.state is BreakerState.HALF_OPEN
+    assert state_of(b) is BreakerState.HALF_OPEN
     assert state() == 1 and transitions("half_open") == 1
     b.poll_succeeded()
     assert state() == 0 and transitions("closed") == 1

@@ -56,19 +56,19 @@ async def test_failed_polls_stop_routing_after_several_and_an_answered_one_after
     worker = FakeWorker()
     e = pool.add("a:1", "prefill", worker)
     await pool.poll_once()
-    assert e.healthy and e.info is not None and e.info.max_num_seqs == 8
+    assert pool.healthy("prefill") == [e] and e.info is not None and e.info.max_num_seqs == 8
     worker.poll_fail = grpc.StatusCode.UNAVAILABLE
     await pool.poll_once()
     await pool.poll_once()
-    assert e.healthy
+    assert pool.healthy("prefill") == [e]
     await pool.poll_once()
-    assert not e.healthy and pool.routable("prefill") == []
+    assert pool.healthy("prefill") == pool.routable("prefill") == []
     worker.poll_fail = None
     await pool.poll_once()  # answers, but within the cool-down
-    assert not e.healthy
+    assert pool.healthy("prefill") == []
     now[0] += 5
     await pool.poll_once()
-    assert e.healthy and pool.routable("prefill") == [e]
+    assert pool.healthy("prefill") == pool.routable("prefill") == [e]
 
 
 def test_prefix_affinity_returns_a_prefix_to_the_worker_that_computed_it() -> None:
