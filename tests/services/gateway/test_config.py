@@ -99,6 +99,7 @@ def test_qaic_disagg_flags_parse() -> None:
             "--breaker-cooldown",
             "0.5",
         ],
+        ["--migration-limit", "0"],
         [
             "--grpc-reflection",
             "--grpc-tls-cert-file",
@@ -118,6 +119,13 @@ def test_qaic_disagg_flags_parse() -> None:
 def test_rendering_gives_back_the_same_config(argv: list[str]) -> None:
     config = parse_args(argv)
     assert parse_args(render(config)) == config
+
+
+def test_migration_limit_is_dynamos_flag_with_its_default() -> None:
+    assert parse_args([]).migration_limit == 2
+    assert parse_args(["--migration-limit", "0"]).migration_limit == 0
+    with pytest.raises(ConfigError, match="--migration-limit"):
+        parse_args(["--migration-limit", "-1"])
 
 
 def test_per_role_kv_cache_bytes() -> None:
