@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 INT32_MAX = 2**31 - 1
 # vLLM's OpenAI server accepts any seed torch's generators take: a signed 64-bit integer.
@@ -25,6 +25,14 @@ CACHE_SALT_FORBIDDEN_CHARS = frozenset("@/\\\x00")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_strings(cls, data: Any) -> Any:
+        # JSON's "\ud800" escape decodes to a lone surrogate, which no UTF-8 encoder (protobuf's
+        # included) accepts: refused here, or the first gRPC call would fail as a 500.
+        _check_utf8(data)
+        return data
 
 
 class TextPart(_Strict):
@@ -173,4 +181,23 @@ class TokenizeRequest(_Strict):
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[int]
+    # Bounded to what the contract's int32 ids carry (beyond: a protobuf error, a 500).
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+
+
+def _check_utf8(data: Any) -> None:
+    pending = [data]  # a loop, not recursion: bodies may nest deeply
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(
+                    f"text must be valid Unicode; found a lone surrogate at {error.start}"
+                ) from None
+        elif isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)

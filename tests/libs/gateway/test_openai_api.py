@@ -4,7 +4,12 @@ import pytest
 from pydantic import ValidationError
 
 from libs.gateway.errors import ApiError
-from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest
+from libs.gateway.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from libs.gateway.requests import check_supported, sampling_params
 
 
@@ -51,3 +56,40 @@ def test_sampling_mapping() -> None:
     assert dict(params.logit_bias) == {7: -1.0}
     with pytest.raises(ApiError, match="logit_bias keys must be token ids"):
         sampling_params(chat(logit_bias={"x": 1.0}), max_tokens=1, logprobs=None)
+
+
+# A JSON "\ud800" escape decodes to a lone surrogate, which protobuf cannot encode: found by
+# tests/e2e/test_fuzz_http.py as a 500 from the first gRPC call; refused at the edge now.
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (CompletionRequest, {"model": "m", "prompt": "fox \ud800"}),
+        (CompletionRequest, {"model": "m", "prompt": ["ok", "\udfff"]}),
+        (CompletionRequest, {"model": "m", "prompt": "fox", "stop": ["\ud83d"]}),
+        (CompletionRequest, {"model": "m", "prompt": "fox", "logit_bias": {"\ud800": 1}}),
+        (ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "\udfff"}]}),
+        (
+            ChatCompletionRequest,
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+        ),
+        (TokenizeRequest, {"prompt": "\udc00"}),
+    ],
+)
+def test_lone_surrogates_are_refused(model: type[CompletionRequest], body: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match="lone surrogate"):
+        model.model_validate(body)
+
+
+def test_deeply_nested_bodies_are_refused_without_recursion() -> None:
+    nested: object = []
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"model": "m", "prompt": nested})
+
+
+@pytest.mark.parametrize("token_id", [-1, 2**31, 2**40])
+def test_detokenize_ids_fit_the_contract(token_id: int) -> None:
+    with pytest.raises(ValidationError):
+        DetokenizeRequest.model_validate({"tokens": [5, token_id]})
+    assert DetokenizeRequest.model_validate({"tokens": [0, 2**31 - 1]}).tokens == [0, 2**31 - 1]
