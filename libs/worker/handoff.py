@@ -17,9 +17,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from cleave.worker.v1 import worker_pb2
+from libs.rpc.errors import FailedPrecondition
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 
 NIXL = "nixl"
+
+
+class UntrustedPeer(FailedPrecondition):
+    """The descriptor's NIXL peer is not a host this worker was told to pull from: a forged
+    descriptor, or a deployment whose --kv-allowed-hosts lacks a prefill host (so not the
+    client's mistake: FAILED_PRECONDITION, not INVALID_ARGUMENT)."""
+
+
 # A lease further ahead than this was not granted by any prefill (leases last seconds).
 MAX_LEASE_AHEAD_S = 3600.0
 
@@ -94,10 +103,10 @@ def trusted_hosts(kv_host: str, allowed: Iterable[str]) -> frozenset[str]:
 
 
 def check_peer(handoff: worker_pb2.KvHandoff, trusted: frozenset[str]) -> None:
-    """Raises InvalidRequest unless the descriptor's NIXL peer is a host this worker trusts."""
+    """Raises UntrustedPeer unless the descriptor's NIXL peer is a host this worker trusts."""
     host = handoff.host
     if not host or not (is_loopback(host) or host.lower() in trusted):
-        raise InvalidRequest(
+        raise UntrustedPeer(
             f"KV handoff names host {host!r}, which this worker does not pull from "
             "(loopback, its --kv-host and --kv-allowed-hosts)"
         )

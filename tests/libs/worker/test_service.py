@@ -11,6 +11,7 @@ from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.worker.config import Role, WorkerConfig
 from libs.worker.errors import InvalidRequest, KvTransferFailed
+from libs.worker.handoff import UntrustedPeer
 from libs.worker.service import WorkerService, WrongRole
 from tests.libs.worker.fake_engine import FakeEngine
 
@@ -227,7 +228,7 @@ async def prefilled_handoff() -> worker_pb2.KvHandoff:
     [
         (lambda h: h.ClearField("lease_expires_unix_ms"), "carries no lease"),
         (lambda h: setattr(h, "lease_expires_unix_ms", 10**15), "implausibly far"),
-        (lambda h: setattr(h, "host", "203.0.113.7"), "does not pull from"),
+        (lambda h: setattr(h, "host", "203.0.113.7"), "does not pull from"),  # UntrustedPeer
         (lambda h: setattr(h, "host", "prefill.example"), "does not pull from"),
         (lambda h: setattr(h, "port", 0), "not 1..65535"),
     ],
@@ -240,7 +241,8 @@ async def test_a_forged_handoff_is_refused_before_the_engine_sees_it(
     forge(handoff)
     decode, engine = make(Role.DECODE)
     request = worker_pb2.GenerateRequest(metadata=meta("r"), prompt_token_ids=[1, 2], handoff=handoff)
-    with pytest.raises(InvalidRequest, match=message):
+    refusal = UntrustedPeer if "pull from" in message else InvalidRequest
+    with pytest.raises(refusal, match=message):
         await collect(decode, request)
     assert engine.calls == []
 
@@ -268,7 +270,7 @@ async def test_allowed_hosts_and_the_own_kv_host_are_pulled_from() -> None:
         "::1",
     ]
     handoff.host = "10.0.0.3"
-    with pytest.raises(InvalidRequest, match="does not pull from"):
+    with pytest.raises(UntrustedPeer, match="does not pull from"):
         await decode.release_kv(worker_pb2.ReleaseKvRequest(request_id="x", handoff=handoff))
     assert engine.released == []
 
