@@ -4,15 +4,17 @@ load("//tools/build_defs:py.bzl", "cleave_py_test")
 
 def cleave_e2e_test(name, deps = [], **kwargs):
     """A large pytest target tagged `e2e` (select or skip them with --test_tag_filters) and
-    `exclusive` (two vLLM stacks at once would not fit the 2-core CI machine). `-rP` shows
-    what passing tests printed (start-up times, memory, measured values)."""
+    `exclusive` (two vLLM stacks at once would not fit the 2-core CI machine), plus any
+    `tags` given (e.g. `fuzz`). `-rP` shows what passing tests printed (start-up times,
+    memory, measured values)."""
+    tags = ["e2e", "exclusive"] + kwargs.pop("tags", [])
     cleave_py_test(
         name = name,
         size = "large",
         timeout = "eternal",
         srcs = [name + ".py"],
         args = ["-rP"],
-        tags = ["e2e", "exclusive"],
+        tags = tags,
         deps = [":harness"] + deps,
         **kwargs
     )
