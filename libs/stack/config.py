@@ -48,6 +48,9 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags):
     kvstore_redis_url: str | None = flag(
         None, help="the local kvstore's Redis tier, e.g. redis://127.0.0.1:6379"
     )
+    kvstore_auth_key_file: Path | None = flag(
+        None, codec=PATH, help="the local kvstore's --kv-auth-key-file (HMAC key for disk and Redis chunks)"
+    )
     # A child that crashes is restarted on its address after a backoff that doubles with each
     # recent restart; one that crashes more often than this stays down.
     restart_limit: int = flag(

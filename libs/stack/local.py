@@ -97,17 +97,26 @@ def _prefill_speculative_config(config: StackConfig) -> str | None:
     return None
 
 
-def _start_kvstore(config: StackConfig, stack: LocalStack, security: GrpcSecurityFlags) -> str | None:
-    """The kvstore the workers use: the one given, one started here, or none."""
-    if not config.kvstore:
-        return config.kvstore_address
-    kvstore = compose(
+def kvstore_config(config: StackConfig, security: GrpcSecurityFlags) -> KvStoreProcessConfig:
+    """The config of the kvstore `--kvstore` starts."""
+    return compose(
         KvStoreProcessConfig,
         (security, GrpcSecurityFlags),
         log_level=config.log_level,
         log_json=config.log_json,
-        store=KvStoreConfig(cpu_bytes=config.kvstore_cpu_bytes, redis_url=config.kvstore_redis_url),
+        store=KvStoreConfig(
+            cpu_bytes=config.kvstore_cpu_bytes,
+            redis_url=config.kvstore_redis_url,
+            kv_auth_key_file=config.kvstore_auth_key_file,
+        ),
     )
+
+
+def _start_kvstore(config: StackConfig, stack: LocalStack, security: GrpcSecurityFlags) -> str | None:
+    """The kvstore the workers use: the one given, one started here, or none."""
+    if not config.kvstore:
+        return config.kvstore_address
+    kvstore = kvstore_config(config, security)
     # The workers need its address on their command lines.
     return stack.start("kvstore", "kvstore", "services.kvstore.main", kvstore).wait_bound()
 

@@ -5,8 +5,15 @@ from pathlib import Path
 
 from libs.config.flags import compose, parse, render
 from libs.config.groups import GrpcSecurityFlags
+from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.stack.config import StackConfig
-from libs.stack.local import split_cores, with_default_groups, worker_config, write_stack_token
+from libs.stack.local import (
+    kvstore_config,
+    split_cores,
+    with_default_groups,
+    worker_config,
+    write_stack_token,
+)
 from libs.worker.config import Role, WorkerConfig
 
 
@@ -43,6 +50,19 @@ def test_a_draft_model_goes_to_prefill_too_an_ngram_config_does_not() -> None:
         StackConfig, ["--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}']
     )
     assert worker_config(ngram, Role.PREFILL, ngram.prefill, 0, None).speculative_config is None
+
+
+def test_the_local_kvstore_gets_its_tiers_and_auth_key_file() -> None:
+    config = parse(
+        StackConfig,
+        ["--kvstore", "--kvstore-redis-url", "redis://127.0.0.1:1", "--kvstore-auth-key-file", "/keys/kv"],
+    )
+    kvstore = kvstore_config(config, GrpcSecurityFlags())
+    assert kvstore.store.redis_url == "redis://127.0.0.1:1"
+    assert kvstore.store.kv_auth_key_file == Path("/keys/kv")
+    argv = render(kvstore)
+    assert argv[argv.index("--kv-auth-key-file") + 1] == "/keys/kv"  # the path, never the key
+    assert parse(KvStoreProcessConfig, argv) == kvstore
 
 
 def test_default_groups_split_the_usable_cores() -> None:
