@@ -41,16 +41,46 @@ class StreamFormat:
     top_logprobs: int  # alternatives per token when the spec asks for logprobs
 
 
+async def started(generate: Generate, spec: GenerationSpec) -> Generate:
+    """Runs the pipeline up to its first event, then returns a `Generate` that replays it and
+    streams the rest.
+
+    Everything that can fail before the first token (admission's 429 with Retry-After, 503,
+    the deadline's 504, a worker's refusal) then fails the response with its own HTTP status
+    and headers, which clients such as OpenAI's SDKs act on (they retry 429s), instead of
+    an error event inside a 200 stream. The cost: headers wait for the first token, which
+    is when a client gets its first content anyway.
+    """
+    events = generate(spec)
+    first = await anext(events)
+
+    async def replay(_spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        try:
+            yield first
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()  # releases the pipeline's workers if the client left early
+
+    return replay
+
+
 async def sse_events(
-    generate: Generate, spec: GenerationSpec, fmt: StreamFormat, token_text: TokenText
+    generate: Generate,
+    spec: GenerationSpec,
+    fmt: StreamFormat,
+    token_text: TokenText,
+    *,
+    started_s: float | None = None,
 ) -> AsyncIterator[str]:
-    """The response body, one `data: ...` event at a time.
+    """The response body, one `data: ...` event at a time. `started_s` (perf_counter) is when
+    the request began waiting for its first token (for the TTFT metric), if before this.
 
     When the client goes away the server cancels this generator while it awaits the
     pipeline; the cancellation reaches the pipeline's gRPC calls, which frees the workers.
     """
     chunks = _Chunks(spec, fmt)
-    clock = _LatencyClock()
+    clock = _LatencyClock(started_s)
     completion_tokens = 0
     with bound_request_id(spec.request_id):
         try:
@@ -144,8 +174,8 @@ class _Chunks:
 class _LatencyClock:
     """Observes time to first token, the gaps between token events, and the whole request."""
 
-    def __init__(self) -> None:
-        self._started = time.perf_counter()
+    def __init__(self, started_s: float | None = None) -> None:
+        self._started = time.perf_counter() if started_s is None else started_s
         self._last: float | None = None
 
     def token_event(self) -> None:

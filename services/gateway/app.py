@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from libs.gateway.requests import (
     validation_error,
 )
 from libs.gateway.spec import generation_spec
-from libs.gateway.streaming import StreamFormat, sse_events
+from libs.gateway.streaming import StreamFormat, sse_events, started
 
 
 @dataclass
@@ -106,14 +107,14 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         check_supported(body)
         limits.check(body, state.max_model_len)
         if body.stream:
-            return await chat_stream(body)
+            return await until_disconnected(request.receive, chat_stream(body))
         return await until_disconnected(request.receive, chat_whole(body))
 
     async def chat_stream(body: ChatCompletionRequest) -> StreamingResponse:
         prompt = await tokenizer_call(chat_prompt(state.tokenizer, body))
         top = body.top_logprobs or 0
         spec = _spec(state, edge, body, prompt, body.requested_max_tokens(), top if body.logprobs else None)
-        return _stream(state, spec, chat=True, options=body.stream_options, top=top)
+        return await _stream(state, spec, chat=True, options=body.stream_options, top=top)
 
     async def chat_whole(body: ChatCompletionRequest) -> JSONResponse:
         prompt = await tokenizer_call(chat_prompt(state.tokenizer, body))
@@ -136,11 +137,14 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         check_supported(body)
         limits.check(body, state.max_model_len)
         if body.stream:
-            specs = await completion_specs(body)
-            if len(specs) != 1:
-                raise errors.unsupported("streaming a list of several prompts", "prompt")
-            return _stream(state, specs[0], chat=False, options=body.stream_options, top=body.logprobs or 0)
+            return await until_disconnected(request.receive, completions_stream(body))
         return await until_disconnected(request.receive, completions_whole(body))
+
+    async def completions_stream(body: CompletionRequest) -> StreamingResponse:
+        specs = await completion_specs(body)
+        if len(specs) != 1:
+            raise errors.unsupported("streaming a list of several prompts", "prompt")
+        return await _stream(state, specs[0], chat=False, options=body.stream_options, top=body.logprobs or 0)
 
     async def completion_specs(body: CompletionRequest) -> list[GenerationSpec]:
         prompts = await tokenizer_call(completion_prompts(state.tokenizer, body))
@@ -187,12 +191,15 @@ def _spec(
     )
 
 
-def _stream(
+async def _stream(
     state: GatewayState, spec: GenerationSpec, *, chat: bool, options: StreamOptions | None, top: int
 ) -> StreamingResponse:
-    state.pipeline.check(spec)  # a client's mistake is a 400, not an error event in a 200 stream
+    # Failures before the first token get their own HTTP status, not an event in a 200 stream.
+    began = time.perf_counter()
+    generate = await started(state.pipeline.run, spec)
     fmt = StreamFormat(
         chat=chat, model=state.served_model, options=options or StreamOptions(), top_logprobs=top
     )
-    events = sse_events(state.pipeline.run, spec, fmt, responses.TokenizerTexts(state.tokenizer).token_texts)
+    token_texts = responses.TokenizerTexts(state.tokenizer).token_texts
+    events = sse_events(generate, spec, fmt, token_texts, started_s=began)
     return StreamingResponse(events, media_type="text/event-stream")

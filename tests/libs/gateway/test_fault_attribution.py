@@ -285,8 +285,6 @@ def test_the_pool_knows_the_smallest_vocabulary_and_nothing_before_workers_answe
         ({"top_k": 2**40}, "top_k"),
         ({"logit_bias": {"5": float("nan")}}, "logit_bias"),
         ({"stop": ""}, "stop"),
-        ({"stop": ["x"] * 17}, "stop"),
-        ({"stop": ["x" * 257]}, "stop"),
         ({"repetition_penalty": float("inf")}, "repetition_penalty"),
         ({"prompt": [2**40]}, "prompt"),
         ({"prompt": [[1, -2]]}, "prompt"),

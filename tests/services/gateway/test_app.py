@@ -311,3 +311,32 @@ async def test_a_full_queue_is_a_429_carrying_retry_after() -> None:
         response = await http.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "max_tokens": 4})
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
     assert response.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_streamed_request_refused_before_its_first_token_gets_the_status_and_headers(
+    path: str,
+) -> None:
+    body: dict[str, Any] = {"model": "m", "max_tokens": 4, "stream": True}
+    body |= (
+        {"prompt": [1, 2]} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "a"}]}
+    )
+    pipeline = ScriptedPipeline([], error=errors.queue_full(8, retry_after_s=1))
+    async with client(pipeline) as http:
+        response = await http.post(path, json=body)
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert pipeline.closed.is_set()
+
+
+async def test_a_failure_after_the_first_token_is_an_error_event_in_the_stream() -> None:
+    pipeline = ScriptedPipeline(
+        EVENTS[:1], error=errors.ApiError(503, "worker gone", type_="service_unavailable")
+    )
+    async with client(pipeline) as http:
+        response = await http.post("/v1/completions", json={"model": "m", "prompt": [1, 2], "stream": True})
+    assert response.status_code == 200
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["text"] == "Hello"
+    assert json.loads(events[1])["error"]["message"] == "worker gone"
+    assert events[-1] == "[DONE]" and pipeline.closed.is_set()
