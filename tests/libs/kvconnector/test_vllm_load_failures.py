@@ -117,3 +117,19 @@ def test_the_requests_cache_salt_reaches_the_kvstore_lookup() -> None:
     connector(client).get_num_new_matched_tokens(request("tenant-a"), 0)
     connector(client).get_num_new_matched_tokens(request(None), 0)
     assert client.salts == ["tenant-a", ""]
+
+
+def test_a_save_whose_copy_fails_is_counted_and_the_step_goes_on() -> None:
+    from libs.kvconnector.plan import SaveSpec
+    from libs.kvconnector.vllm_connector import KvStoreConnectorMetadata
+
+    conn = connector(FakeClient([]))
+    key = make_chunk(0).key
+    meta = KvStoreConnectorMetadata(
+        saves=[SaveSpec("r", key, start=0, block_ids=(99, 100))]
+    )  # no such blocks
+    conn._saver = object()  # type: ignore[assignment]  # never reached
+    conn.bind_connector_metadata(meta)
+    conn.wait_for_save()
+    stats = conn._counters.take()
+    assert stats is not None and stats.data["save_failures"] == 1
