@@ -215,7 +215,6 @@ class Pipeline:
             )
             async with admitted as endpoint:
                 tried.add(endpoint.address)
-                endpoint.in_flight += 1
                 try:
                     with metrics.STAGE_SECONDS.labels("prefill").time():
                         response = await endpoint.stub.Prefill(request, timeout=spec.deadline.grpc_timeout())
@@ -231,8 +230,6 @@ class Pipeline:
                         )
                         continue
                     raise _api_error(error) from error
-                finally:
-                    endpoint.in_flight -= 1
                 self._pool.request_succeeded(endpoint)
             if not response.HasField("handoff"):
                 # EOS came first: vLLM kept no KV. Decode computes the prompt itself (counted).
@@ -322,7 +319,6 @@ class Pipeline:
     ) -> AsyncGenerator[SequenceEvent | Finished, None]:
         """One worker's Generate stream as events. Its own failure after tokens were sent raises
         WorkerFailed (the request may move); other failures end the request."""
-        endpoint.in_flight += 1
         call = endpoint.stub.Generate(request, timeout=spec.deadline.grpc_timeout())
         try:
             async for response in call:
@@ -380,7 +376,6 @@ class Pipeline:
             failure = f"decode worker failed mid-stream: {error.code().name}"
             raise (WorkerFailed if error.code() in MIGRATING_CODES else MidStreamError)(failure) from error
         finally:
-            endpoint.in_flight -= 1
             call.cancel()
 
     async def _release(self, endpoint: Endpoint, request_id: str, handoff: worker_pb2.KvHandoff) -> None:

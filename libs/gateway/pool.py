@@ -37,9 +37,9 @@ class Endpoint:
     # that build an endpoint without a pool (True starts the breaker closed).
     healthy: bool = False
     stats: worker_pb2.WorkerStats = field(default_factory=worker_pb2.WorkerStats)
-    # Requests this gateway has in flight on the endpoint (fresher than polled stats).
-    in_flight: int = 0
-    # Requests admission control let onto this worker that have not ended (admission.py).
+    # Requests admission control let onto this worker that have not ended (admission.py):
+    # the load routing sees, fresher than polled stats. A decode slot is taken before the
+    # request's prefill, so requests arriving together spread over the decode workers.
     admitted: int = 0
     # What the worker serves (vocabulary, context, max_num_seqs), asked once it first answers a poll.
     info: worker_pb2.WorkerInfo | None = None

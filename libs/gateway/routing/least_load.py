@@ -17,7 +17,7 @@ class LeastLoad:
         return min(
             candidates,
             key=lambda e: (
-                e.in_flight + e.stats.num_waiting,
+                e.admitted + e.stats.num_waiting,
                 e.stats.num_running,
                 e.stats.kv_cache_usage,
                 e.address,

@@ -75,4 +75,4 @@ class PrefixAffinity:
 
 
 def _load(endpoint: Endpoint) -> int:
-    return endpoint.in_flight + endpoint.stats.num_waiting + endpoint.stats.num_running
+    return endpoint.admitted + endpoint.stats.num_waiting + endpoint.stats.num_running

@@ -224,3 +224,21 @@ async def test_the_prefill_slot_is_taken_after_the_decode_slot_and_both_are_give
     assert [await text(p, spec(str(i))) for i in range(3)] == [ANSWER] * 3
     assert prefill.calls["Prefill"] == 3 and decode.calls["Generate"] == 3
     assert [e.admitted for e in pool.endpoints] == [0, 0]
+
+
+async def test_requests_arriving_together_spread_over_the_decode_workers_under_least_load() -> None:
+    # Each holds its decode slot from before its prefill, so the next request's least-load
+    # choice sees it even before any Generate has started.
+    prefill, decodes = FakeWorker(), [FakeWorker(), FakeWorker()]
+    for decode in decodes:
+        decode.hold = asyncio.Event()
+    pool = await fake_pool({"prefill": [prefill], "decode": decodes})
+    policy = create_policy("least_load")
+    p = Pipeline(pool, FakeDetokenizer(), policy, policy, admission=Admission(pool))  # type: ignore[arg-type]
+    requests = [asyncio.create_task(text(p, spec(f"r{i}"))) for i in range(4)]
+    await until(lambda: sum(d.generating for d in decodes) == 4)
+    assert [d.generating for d in decodes] == [2, 2]
+    for decode in decodes:
+        assert decode.hold is not None
+        decode.hold.set()
+    assert await asyncio.gather(*requests) == [ANSWER] * 4

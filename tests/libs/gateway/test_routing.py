@@ -31,11 +31,11 @@ def test_round_robin_cycles_in_address_order() -> None:
     assert [policy.pick(candidates, []).address for _ in range(4)] == ["a:1", "b:1", "c:1", "a:1"]
 
 
-def test_least_load_prefers_fewer_in_flight_then_queue_then_kv() -> None:
+def test_least_load_prefers_fewer_admitted_then_queue_then_kv() -> None:
     policy = create_policy("least_load")
     busy, idle = endpoint("a:1", num_running=3), endpoint("b:1", num_running=1)
     assert policy.pick([busy, idle], []).address == "b:1"
-    idle.in_flight = 5
+    idle.admitted = 5
     assert policy.pick([busy, idle], []).address == "a:1"
     full, empty = endpoint("c:1", kv_cache_usage=0.9), endpoint("d:1", kv_cache_usage=0.1)
     assert policy.pick([full, empty], []).address == "d:1"
@@ -76,7 +76,7 @@ def test_prefix_affinity_returns_a_prefix_to_the_worker_that_computed_it() -> No
     a, b = endpoint("a:1"), endpoint("b:1")
     shared = list(range(1000, 1000 + 1024))
     first = policy.pick([a, b], [*shared, 1, 2, 3])
-    first.in_flight = 1  # still running when the next request with the same prefix comes
+    first.admitted = 1  # still running when the next request with the same prefix comes
     assert policy.pick([a, b], [*shared, 4, 5, 6]) is first  # 1,024 cached tokens > 512 of load
     other = b if first is a else a
     assert policy.pick([a, b], list(range(5000, 5300))) is other  # no overlap: the idle one
@@ -87,7 +87,7 @@ def test_prefix_affinity_gives_way_to_load_and_ignores_partial_blocks() -> None:
     a, b = endpoint("a:1"), endpoint("b:1")
     prompt = list(range(300))  # one full 256-token block
     owner = policy.pick([a, b], prompt)
-    owner.in_flight = 3  # 3 x 512 tokens of queueing outweigh 256 tokens of reuse
+    owner.admitted = 3  # 3 x 512 tokens of queueing outweigh 256 tokens of reuse
     assert policy.pick([a, b], prompt) is not owner
     assert policy.pick([a, b], list(range(200))) is not None  # shorter than a block: load only
 
