@@ -85,6 +85,11 @@ _reaper: Reaper | None = None
 _reaper_lock = threading.Lock()
 
 
+def reaper_pid() -> int | None:
+    """The pid of this process's reaper (a child that lives as long as this process), if any."""
+    return _reaper.pid if _reaper is not None and _reaper.alive else None
+
+
 def reaper() -> Reaper:
     """This process's reaper, started on first use (a process that starts no child has none)."""
     global _reaper

@@ -17,6 +17,7 @@ import pytest
 
 from libs.rpc.ports import free_port
 from libs.stack.process import LaunchError, ProcessSpec, start, wait_ready
+from libs.stack.reaper import reaper_pid
 from tools.bench.compare import CompareOptions, GuidellmOptions, Planner, run_comparison, warmup_config
 from tools.bench.config import BenchConfig, WorkloadConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, run_benchmark
@@ -259,11 +260,11 @@ async def test_the_comparison_runs_every_system_and_writes_reports(
         assert len(raw["runs"][0]["records"]) == sizes.num_requests(workload)
         scenario = json.loads((out / "guidellm" / f"vllm-{workload}.scenario.json").read_text())
         assert scenario["spec"]["backend"]["target"] == document["meta"]["endpoints"]["vllm"]
-    # Every fake system was stopped.
+    # Every fake system was stopped (the launcher's reaper lives as long as this process).
     for name in ("vllm", "cleave-1p1d"):
         assert "fake guidellm" in (out / "logs" / name / "guidellm-short-chat.log").read_text()
     assert not [
         p
         for p in psutil.Process().children(recursive=True)
-        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and p.pid != reaper_pid()
     ]
