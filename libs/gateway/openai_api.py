@@ -173,7 +173,8 @@ class CompletionRequest(_SamplingFields):
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessageIn] | None = None
+    # At least one, as for a chat completion (tokenize_api renders them as one): [] was a 500.
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False

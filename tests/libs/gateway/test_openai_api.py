@@ -93,3 +93,11 @@ def test_detokenize_ids_fit_the_contract(token_id: int) -> None:
     with pytest.raises(ValidationError):
         DetokenizeRequest.model_validate({"tokens": [5, token_id]})
     assert DetokenizeRequest.model_validate({"tokens": [0, 2**31 - 1]}).tokens == [0, 2**31 - 1]
+
+
+def test_tokenize_messages_may_not_be_empty() -> None:
+    # Found by tests/e2e/test_fuzz_http.py: `{"messages": []}` reached ChatCompletionRequest
+    # inside the handler and failed there as a 500.
+    with pytest.raises(ValidationError, match="messages"):
+        TokenizeRequest.model_validate({"messages": []})
+    assert TokenizeRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]}).messages
