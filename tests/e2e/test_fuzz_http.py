@@ -9,8 +9,10 @@ the model stay cheap; the examples are fixed (derandomized) so that CI runs the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,10 @@ from tests.e2e.harness import Service
 from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
 from tests.fuzz.events import outcome
 from tests.fuzz.openapi import OpenApi
+from tools.soak.memory import TreeSampler
+from tools.soak.report import as_json, as_text
+from tools.soak.runner import SoakOptions, soak
+from tools.soak.workload import Mix
 
 MAX_MODEL_LEN = 512
 MAX_TOKENS = 4
@@ -46,6 +52,7 @@ class Gateway:
         self.client = httpx.Client(timeout=httpx.Timeout(TIMEOUT_S))
         self.model = self.client.get(f"{base_url}/v1/models").json()["data"][0]["id"]
         self.openapi = OpenApi(self.client.get(f"{base_url}/openapi.json").json())
+        self.statuses: Counter[str] = Counter()  # "path status" -> requests, printed at the end
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +79,7 @@ def send(gateway: Gateway, path: str, content: bytes, content_type: str | None =
     assert elapsed < TIMEOUT_S, f"{path} took {elapsed:.0f}s for {shown!r}"
     assert response.status_code < 500, f"{path} {response.status_code} {body[:500]!r} for {shown!r}"
     outcome(f"{path} {response.status_code}")
+    gateway.statuses[f"{path} {response.status_code}"] += 1
     if response.status_code >= 400:
         check_error_object(json.loads(body), f"{path} {response.status_code} for {shown!r}")
     elif response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -104,15 +112,25 @@ def as_json_bytes(value: Any) -> bytes:
 
 
 @st.composite
-def tamed(draw: st.DrawFn, bodies: st.SearchStrategy[Any], model: str) -> Any:
-    """Keeps a generating request cheap (max_tokens <= 4) and mostly names the served model, so
-    that examples reach the tokenizer and the worker instead of stopping at a 404."""
+def tamed(
+    draw: st.DrawFn, bodies: st.SearchStrategy[Any], gateway: Gateway, path: str, trim: bool = False
+) -> Any:
+    """Keeps a generating request cheap (max_tokens <= 4), mostly names the served model, and
+    with `trim`, half the time keeps only a few optional fields (each may be refused on its
+    own), so that examples get past validation to the tokenizer and the worker."""
     body = draw(bodies)
     if not isinstance(body, dict):
         return body
     body = dict(body)
-    if "model" in body and isinstance(body["model"], str) and draw(st.integers(0, 9)) < 8:
-        body["model"] = model
+    required = set(gateway.openapi.body_schema(path).get("required", []))
+    optional = sorted(k for k in body if k not in required)
+    if trim and optional and draw(st.booleans()):
+        keep = draw(st.sets(st.sampled_from(optional), max_size=3))
+        body = {k: v for k, v in body.items() if k in required or k in keep}
+    if isinstance(body.get("model"), str) and draw(st.integers(0, 9)) < 8:
+        body["model"] = gateway.model
+    if path not in GENERATING:
+        return body
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if (
@@ -129,7 +147,7 @@ def tamed(draw: st.DrawFn, bodies: st.SearchStrategy[Any], model: str) -> Any:
 @pytest.mark.parametrize("path", PATHS)
 def test_bodies_that_follow_the_schema(gateway: Gateway, path: str) -> None:
     @FUZZ
-    @given(body=tamed(gateway.openapi.valid(gateway.openapi.body_schema(path)), gateway.model))
+    @given(body=tamed(gateway.openapi.valid(gateway.openapi.body_schema(path)), gateway, path, trim=True))
     def run(body: Any) -> None:
         send(gateway, path, as_json_bytes(body))
 
@@ -139,7 +157,7 @@ def test_bodies_that_follow_the_schema(gateway: Gateway, path: str) -> None:
 @pytest.mark.parametrize("path", PATHS)
 def test_broken_bodies(gateway: Gateway, path: str) -> None:
     @settings(FUZZ, max_examples=60)
-    @given(body=tamed(gateway.openapi.broken(gateway.openapi.body_schema(path)), gateway.model))
+    @given(body=tamed(gateway.openapi.broken(gateway.openapi.body_schema(path)), gateway, path))
     def run(body: Any) -> None:
         send(gateway, path, as_json_bytes(body))
 
@@ -263,3 +281,20 @@ def test_afterwards_a_valid_request_succeeds_and_no_worker_was_ejected(gateway: 
     assert not any(w.get("running") for w in workers), f"requests left running: {workers}"
     tracebacks = gateway.service.running.log_path.read_text(errors="replace").count("Traceback")
     print(f"tracebacks in the gateway's log after fuzzing: {tracebacks}")
+    print("fuzzed requests by answer:", dict(sorted(gateway.statuses.items())))
+
+
+def test_a_short_soak_after_the_fuzzing(gateway: Gateway) -> None:
+    """//tools/soak for 40 s on the same stack: concurrent streams, aborts mid-stream and early
+    disconnects; none hangs, none fails, and the workers end healthy and idle."""
+    options = SoakOptions(
+        base_url=gateway.base_url, duration_s=40, concurrency=4, stall_s=60, sample_s=2, seed=1,
+        mix=Mix(max_tokens=16),
+    )  # fmt: skip
+    sampler = TreeSampler([gateway.service.running.pid])
+    result = asyncio.run(soak(options, sampler))
+    print(as_text(as_json(result, sampler, warmup_s=10)))
+    assert result.hung == 0
+    assert result.count("completed") > 10 and result.count("aborted") > 0
+    assert result.count("error") == 0, result.errors_by_detail()
+    assert not result.failed_checks, result.failed_checks

@@ -107,7 +107,7 @@ def draw(rng: random.Random, model: str, mix: Mix) -> Scenario:
     roll = rng.random()
     if roll < mix.nonstream:
         body["stream"] = False
-        if rng.random() < 0.3:
+        if body["temperature"] > 0 and rng.random() < 0.3:  # greedy allows only n=1
             body["n"] = 2
         return Scenario(path, body, Ending.FULL)
     body["stream"] = True
