@@ -101,6 +101,16 @@ def test_qaic_disagg_flags_parse() -> None:
         ],
         ["--migration-limit", "0"],
         [
+            "--restart-limit",
+            "0",
+            "--restart-window-s",
+            "60",
+            "--restart-backoff-s",
+            "0.5",
+            "--restart-max-backoff-s",
+            "8",
+        ],
+        [
             "--grpc-reflection",
             "--grpc-tls-cert-file",
             "/etc/cleave/tls.crt",
@@ -209,3 +219,17 @@ def test_routing_robustness_flags() -> None:
             parse_args([flag, "-1"])
     with pytest.raises(ConfigError, match="--breaker-failures"):
         parse_args(["--breaker-failures", "0"])
+
+
+def test_restart_flags_make_the_local_stacks_policy_and_refuse_non_positive_waits() -> None:
+    policy = parse_args(["--restart-limit", "2", "--restart-backoff-s", "0.5"]).restart_policy
+    assert (policy.max_restarts, policy.backoff_s, policy.max_backoff_s, policy.window_s) == (
+        2,
+        0.5,
+        30.0,
+        600.0,
+    )
+    with pytest.raises(ConfigError, match="--restart-backoff-s"):
+        parse_args(["--restart-backoff-s", "0"])
+    with pytest.raises(ConfigError, match="--restart-limit"):
+        parse_args(["--restart-limit", "-1"])
