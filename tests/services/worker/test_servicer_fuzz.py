@@ -59,7 +59,8 @@ OVERRIDES = {
     "cleave.common.v1.RequestMetadata.model": st.sampled_from(["", MODEL, "other"]),
     "cleave.worker.v1.PrefillRequest.prompt_token_ids": prompts,
     "cleave.worker.v1.GenerateRequest.prompt_token_ids": prompts,
-    # n beyond a few: the fake engine would build n sequences per token (see the report on n).
+    # Small n: the worker bounds n only from below (the gateway caps it at 16), and the fake
+    # engine builds n sequences per token.
     "cleave.common.v1.SamplingParams.n": st.integers(-2, 4),
     "cleave.common.v1.SamplingParams.max_tokens": small,
     "cleave.common.v1.SamplingParams.min_tokens": small,
