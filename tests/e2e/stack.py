@@ -89,3 +89,21 @@ async def stored_chunks(kvstore_address: str, at_least: int, timeout_s: float = 
             if count >= at_least or time.monotonic() > deadline:
                 return count
             await asyncio.sleep(0.2)
+
+
+def listening_ports(process: psutil.Process) -> set[int]:
+    try:
+        return {c.laddr.port for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:  # e.g. a worker killed by an earlier test, not yet reaped
+        return set()
+
+
+def kill_worker(gateway: Service, address: str, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Signals the worker of the gateway's stack serving `address` and its vLLM engine
+    processes (its process group: the local stack starts each child in its own)."""
+    port = int(address.rsplit(":", 1)[1])
+    for child in psutil.Process(gateway.process.pid).children():
+        if port in listening_ports(child):
+            os.killpg(child.pid, sig)
+            return
+    raise AssertionError(f"no worker process listens on {address}")

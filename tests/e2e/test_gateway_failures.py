@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service, child_env, log_dir
 from tests.e2e.prompts import question, shared_prefix
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack, stored_chunks
+from tests.e2e.stack import kill_worker, start_gateway_stack, stop_gateway_stack, stored_chunks
 
 PREFIX_TOKENS = 1900
 MAX_TOKENS = 16
@@ -87,6 +86,9 @@ def stack(
         # Small admission bounds for test_a_burst_beyond_the_queue_is_429; the other tests
         # send at most 2 requests at once, which these let through.
         "--max-inflight-per-worker", str(INFLIGHT), "--max-queued-requests", str(QUEUED),
+        # A killed worker stays dead: these tests are about the gateway, not restarts
+        # (tests/e2e/test_lifecycle.py), and a reloading model would compete for the cores.
+        "--restart-limit", "0",
     )  # fmt: skip
     try:
         yield service, base_url
@@ -105,13 +107,6 @@ def kvstore_address(gateway: Service) -> str:
         if "services.worker.main" in cmdline and "--kvstore-address" in cmdline:
             return cmdline[cmdline.index("--kvstore-address") + 1]
     raise AssertionError("no worker of the local stack has a --kvstore-address")
-
-
-def listening_ports(process: psutil.Process) -> set[int]:
-    try:
-        return {c.laddr.port for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-    except psutil.Error:  # e.g. the worker killed by the previous test, not yet reaped
-        return set()
 
 
 def worker_stats(address: str) -> worker_pb2.WorkerStats:
@@ -217,16 +212,6 @@ def metric(base_url: str, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.split()[-1])
     return 0.0
-
-
-def kill_worker(gateway: Service, address: str, sig: signal.Signals = signal.SIGKILL) -> None:
-    """Signals the worker serving `address` and its vLLM engine processes (its process group)."""
-    port = int(address.rsplit(":", 1)[1])
-    for child in psutil.Process(gateway.process.pid).children():
-        if port in listening_ports(child):
-            os.killpg(child.pid, sig)
-            return
-    raise AssertionError(f"no worker process listens on {address}")
 
 
 def retries(base_url: str, stage: str) -> float:

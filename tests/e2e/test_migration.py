@@ -7,8 +7,6 @@ few and short."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -17,12 +15,11 @@ from dataclasses import dataclass, field
 
 import grpc
 import httpx
-import psutil
 import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.harness import Service
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
+from tests.e2e.stack import kill_worker, start_gateway_stack, stop_gateway_stack
 
 MAX_TOKENS = 48
 # Tokens every stream has received before the kill: well inside MAX_TOKENS, so the killed
@@ -39,8 +36,9 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
     service, base_url = start_gateway_stack(
-        "2p2d", tmp_path_factory.mktemp("cache"), "--max-model-len", "1024", "--migration-limit", "2"
-    )
+        "2p2d", tmp_path_factory.mktemp("cache"), "--max-model-len", "1024", "--migration-limit", "2",
+        "--restart-limit", "0",  # the killed decode stays dead: its streams must move
+    )  # fmt: skip
     try:
         yield service, base_url
     finally:
@@ -130,21 +128,6 @@ def running(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         return stub.GetStats(worker_pb2.GetStatsRequest(), timeout=10).num_running
-
-
-def kill_worker(gateway: Service, address: str) -> None:
-    """SIGKILLs the worker listening on `address` and its vLLM engine processes (its process
-    group, as the local stack starts each worker in its own)."""
-    port = int(address.rsplit(":", 1)[1])
-    for child in psutil.Process(gateway.process.pid).children():
-        try:
-            ports = {c.laddr.port for c in child.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        except psutil.Error:
-            continue
-        if port in ports:
-            os.killpg(child.pid, signal.SIGKILL)
-            return
-    raise AssertionError(f"no worker process listens on {address}")
 
 
 def test_streams_on_a_killed_decode_worker_continue_on_the_other_unchanged(
