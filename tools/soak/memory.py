@@ -47,8 +47,20 @@ class Series:
 
 
 def label(process: psutil.Process) -> str:
-    """A readable name: `services.worker.main --role decode`, or the process title
-    (vLLM names its engine core `VLLM::EngineCore`)."""
+    """A readable name: `services.worker.main --role decode`, or the process title (vLLM
+    names its engine core `VLLM::EngineCore`) and the Cleave service it runs under."""
+    own = _own_label(process)
+    if own.startswith("services."):
+        return own
+    with contextlib.suppress(psutil.Error):
+        for parent in process.parents():
+            above = _own_label(parent)
+            if above.startswith("services."):
+                return f"{own} < {above.removeprefix('services.').removesuffix('.main')}"
+    return own
+
+
+def _own_label(process: psutil.Process) -> str:
     with contextlib.suppress(psutil.Error):
         argv = process.cmdline()
         if "-m" in argv and argv.index("-m") + 1 < len(argv):
@@ -57,7 +69,7 @@ def label(process: psutil.Process) -> str:
                 text += f" --role {argv[argv.index('--role') + 1]}"
             return text
         if "-c" in argv:  # multiprocessing's helpers (resource tracker, spawn)
-            return "python -c " + " ".join(argv[argv.index("-c") + 1 :])[:40]
+            return "python -c " + " ".join(" ".join(argv[argv.index("-c") + 1 :]).split())[:40]
         return process.name()
     return "?"
 

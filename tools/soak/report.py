@@ -49,6 +49,7 @@ def _series_json(series: Series, warmup_s: float, sampler: TreeSampler | None) -
         "slope_mib_per_min": rounded(series.slope_mib_per_min()),
         "slope_after_warmup_mib_per_min": rounded(series.slope_mib_per_min(after_s=warmup_s)),
         "exited_during_run": bool(sampler) and series.points[-1][0] < _last_sample_s(sampler),
+        "rss_mib_by_second": [[round(t, 1), round(mib, 1)] for t, mib in series.points],
     }
 
 
@@ -73,11 +74,11 @@ def as_text(summary: dict[str, Any]) -> str:
         lines.append(f"check: {name}: {verdict}")
     if summary["processes"]:
         lines.append(
-            f"{'process':44s} {'pid':>7s} {'first':>8s} {'last':>8s} {'max':>8s} {'MiB/min':>8s} {'after warm-up':>13s}"
+            f"{'process':60s} {'pid':>7s} {'first':>8s} {'last':>8s} {'max':>8s} {'MiB/min':>8s} {'after warm-up':>13s}"
         )
         for p in summary["processes"]:
             lines.append(
-                f"{p['process'][:44]:44s} {p['pid']:7d} {p['rss_first_mib']:8.1f} {p['rss_last_mib']:8.1f} "
+                f"{p['process'][:60]:60s} {p['pid']:7d} {p['rss_first_mib']:8.1f} {p['rss_last_mib']:8.1f} "
                 f"{p['rss_max_mib']:8.1f} {_fmt(p['slope_mib_per_min']):>8s} "
                 f"{_fmt(p['slope_after_warmup_mib_per_min']):>13s}"
                 + ("  (exited)" if p["exited_during_run"] else "")
