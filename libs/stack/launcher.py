@@ -119,8 +119,9 @@ class Service:
             time.sleep(0.1)
         return self.address
 
-    def wait_http_ready(self, timeout_s: float, *, health_path: str = "/health", label: str = "") -> str:
-        """For an HTTP server (the gateway): its base URL once `health_path` answers 200, read
+    def wait_http_ready(self, timeout_s: float, *, health_path: str = "/ready", label: str = "") -> str:
+        """For an HTTP server (the gateway): its base URL once `health_path` answers 200 (the
+        gateway's /ready: its tokenizer and a worker for every role answer), read
         from the port it reported. Raises LaunchError, with its log's end, if it exits or the
         timeout passes; with a `label`, prints progress while models load."""
         last_report = self.started_at

@@ -135,7 +135,7 @@ def test_cleave_systems_are_gateway_command_lines_cleave_accepts(
     assert (config.dtype, config.max_model_len) == ("float32", 1024)
     assert config.prefill.max_num_seqs == config.decode.max_num_seqs == 6
     assert (config.model, config.served_model_name) == (str(MODEL), "smollm2")
-    assert p.base_url == f"http://127.0.0.1:{config.port}" and gateway.health_url == f"{p.base_url}/health"
+    assert p.base_url == f"http://127.0.0.1:{config.port}" and gateway.health_url == f"{p.base_url}/ready"
     assert p.metrics_urls == {"gateway": f"{p.base_url}/metrics"}
 
 

@@ -306,7 +306,7 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
         config = replace(config, kvstore=True)
         description += "; a kvstore (CPU tier) shares prompt-prefix KV, prefill skipped on a hit"
     argv = (settings.python, "-m", "services.gateway.main", *render(config))
-    spec = ProcessSpec(name, argv, {}, f"{url}/health")
+    spec = ProcessSpec(name, argv, {}, f"{url}/ready")
     return SystemPlan(
         name,
         url,
