@@ -11,6 +11,7 @@ import grpc.aio
 
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent, check_vocabulary
 
 # "é" is two UTF-8 bytes, so logprobs' "bytes" is not just the code points.
@@ -116,3 +117,26 @@ def token(token_id: int, logprob: float, *top: tuple[int, float]) -> common_pb2.
         common_pb2.TopLogprob(token_id=t, logprob=lp, rank=rank) for rank, (t, lp) in enumerate(top, 1)
     ]
     return common_pb2.TokenLogprob(token_id=token_id, logprob=logprob, rank=1, top=alternatives[::-1])
+
+
+class QuietWorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """A fake worker's answers to the calls that are not a test's subject (served over real
+    gRPC): KV released, empty stats, and `info()` for what the worker serves."""
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        return worker_pb2.WorkerInfo(model="m", vocab_size=49152, max_model_len=2048, max_num_seqs=8)
+
+    async def ReleaseKv(
+        self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ReleaseKvResponse:
+        return worker_pb2.ReleaseKvResponse()
+
+    async def GetStats(
+        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStats:
+        return worker_pb2.WorkerStats()
+
+    async def GetInfo(
+        self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        return self.info()

@@ -24,13 +24,14 @@ from libs.gateway.pool import WorkerPool
 from libs.gateway.routing import create_policy
 from libs.rpc.channel import open_channel
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
+from tests.libs.gateway.fakes import QuietWorkerServicer
 
 pytestmark = pytest.mark.anyio
 VOCAB_SIZE = 100
 TOKENS = [10, 11, 12, 13]
 
 
-class ScriptedWorker(worker_pb2_grpc.WorkerServicer):
+class ScriptedWorker(QuietWorkerServicer):
     """Answers with TOKENS, or with the status set in `prefill_status` / `generate_status`."""
 
     def __init__(self, *, vocab_size: int = VOCAB_SIZE) -> None:
@@ -61,19 +62,7 @@ class ScriptedWorker(worker_pb2_grpc.WorkerServicer):
         usage = common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids), completion_tokens=len(TOKENS))
         yield worker_pb2.GenerateResponse(complete=worker_pb2.GenerateComplete(usage=usage))
 
-    async def ReleaseKv(
-        self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.ReleaseKvResponse:
-        return worker_pb2.ReleaseKvResponse()
-
-    async def GetStats(
-        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerStats:
-        return worker_pb2.WorkerStats()
-
-    async def GetInfo(
-        self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
+    def info(self) -> worker_pb2.WorkerInfo:
         return worker_pb2.WorkerInfo(vocab_size=self.vocab_size, max_model_len=2048)
 
 

@@ -25,6 +25,7 @@ from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
 from libs.tokenization import Tokenizer, TokenizerConfig
 from services.tokenizer.servicer import TokenizerServicer, binding
 from tests.fixtures.smollm2 import save_smollm2_tokenizer
+from tests.libs.gateway.fakes import QuietWorkerServicer
 
 pytestmark = pytest.mark.anyio
 # Multi-byte characters split over several byte-level tokens, so some cut points fall inside
@@ -54,7 +55,7 @@ class Script:
     calls: list[tuple[str, worker_pb2.GenerateRequest]] = field(default_factory=list)
 
 
-class GreedyWorker(worker_pb2_grpc.WorkerServicer):
+class GreedyWorker(QuietWorkerServicer):
     """A deterministic "model": after PROMPT (+ any part of the answer) it emits the rest of
     the answer, `per_chunk` tokens at a time, as greedy decoding continues its own output."""
 
@@ -125,21 +126,6 @@ class GreedyWorker(worker_pb2_grpc.WorkerServicer):
         if step.how in codes:
             yield worker_pb2.GenerateResponse(error=common_pb2.Error(code=codes[step.how], message=step.how))
         # "close": the stream just ends, without its complete message.
-
-    async def ReleaseKv(
-        self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.ReleaseKvResponse:
-        return worker_pb2.ReleaseKvResponse()
-
-    async def GetStats(
-        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerStats:
-        return worker_pb2.WorkerStats()
-
-    async def GetInfo(
-        self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(model="m", vocab_size=49152, max_model_len=2048, max_num_seqs=8)
 
 
 class Stack:

@@ -34,6 +34,7 @@ from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
 from libs.tokenization import Tokenizer, TokenizerConfig
 from services.tokenizer.servicer import TokenizerServicer, binding
 from tests.fixtures.smollm2 import save_smollm2_tokenizer
+from tests.libs.gateway.fakes import QuietWorkerServicer
 
 pytestmark = pytest.mark.anyio
 ANSWER = "The capital of France is Paris."
@@ -44,7 +45,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return Tokenizer.from_config(TokenizerConfig(path=save_smollm2_tokenizer(tmp_path_factory.mktemp("tok"))))
 
 
-class FakeWorker(worker_pb2_grpc.WorkerServicer):
+class FakeWorker(QuietWorkerServicer):
     def __init__(
         self,
         tokens: list[int],
@@ -109,11 +110,6 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.ReleaseKvResponse:
         self.released.append(request.request_id)
         return worker_pb2.ReleaseKvResponse()
-
-    async def GetStats(
-        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.WorkerStats:
-        return worker_pb2.WorkerStats()
 
 
 class Stack:
