@@ -21,6 +21,7 @@ def as_json(result: SoakResult, sampler: TreeSampler | None, warmup_s: float) ->
         "requests": len(result.outcomes),
         "completed": result.count("completed"),
         "aborted": result.count("aborted"),
+        "disconnected_early": sum(1 for o in result.outcomes if o.detail == "disconnected early"),
         "errors": result.count("error"),
         "hung": result.hung,
         "errors_by_status": result.errors_by_detail(),
@@ -62,7 +63,8 @@ def as_text(summary: dict[str, Any]) -> str:
         f"soak of {summary['url']} ({summary['model']}): {summary['duration_s']:.0f} s, "
         f"{summary['concurrency']} clients, stall limit {summary['stall_s']:.0f} s",
         f"requests {summary['requests']}: completed {summary['completed']}, aborted by the client "
-        f"{summary['aborted']}, errors {summary['errors']}, hung {summary['hung']}",
+        f"{summary['aborted']} ({summary['disconnected_early']} before the answer started), "
+        f"errors {summary['errors']}, hung {summary['hung']}",
     ]
     if summary["errors_by_status"]:
         lines.append("errors: " + ", ".join(f"{k} x{v}" for k, v in summary["errors_by_status"].items()))

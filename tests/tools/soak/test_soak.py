@@ -8,14 +8,16 @@ import asyncio
 import os
 import random
 
+import httpx
 import pytest
 
 from tests.tools.bench.fake_openai import FakeOpenAI, serve
+from tools.soak.client import Outcome, run_one
 from tools.soak.main import main
 from tools.soak.memory import Series, TreeSampler
 from tools.soak.report import as_json, as_text
 from tools.soak.runner import SoakOptions, soak
-from tools.soak.workload import Ending, Mix, draw
+from tools.soak.workload import Ending, Mix, Scenario, draw
 
 
 def test_a_healthy_server_completes_and_aborts_and_nothing_hangs() -> None:
@@ -35,6 +37,22 @@ def test_a_healthy_server_completes_and_aborts_and_nothing_hangs() -> None:
     summary = as_json(result, sampler, warmup_s=0.5)
     assert summary["processes"] and summary["processes"][0]["samples"] >= 5
     assert "hung 0" in as_text(summary)
+    assert summary["disconnected_early"] <= summary["aborted"]
+
+
+def test_an_early_disconnect_leaves_before_the_answer() -> None:
+    scenario = Scenario(
+        "/v1/completions", {"model": "m", "prompt": "p", "max_tokens": 3, "stream": True},
+        Ending.DISCONNECT_EARLY, disconnect_after_s=0.1,
+    )  # fmt: skip
+
+    async def one(url: str) -> Outcome:
+        async with httpx.AsyncClient() as client:
+            return await run_one(client, url, scenario, stall_s=30)
+
+    with serve(FakeOpenAI(ttft_s=5.0)) as fake:
+        result = asyncio.run(one(fake.url))
+    assert (result.result, result.detail) == ("aborted", "disconnected early")
 
 
 def test_a_server_that_stops_sending_is_hung_and_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
