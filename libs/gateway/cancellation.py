@@ -55,7 +55,8 @@ async def gather_or_cancel(*works: Coroutine[Any, Any, T]) -> list[T]:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    for t in tasks:
-        if not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
+    # Every failure is retrieved (asyncio logs those that never are); the first is raised.
+    failures = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+    if failures:
+        raise failures[0]  # type: ignore[misc]
     return [t.result() for t in tasks]

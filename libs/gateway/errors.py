@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 
@@ -13,7 +14,7 @@ class ApiError(Exception):
         *,
         type_: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
+        code: str | int | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -27,6 +28,13 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def framework_error(status: int, detail: str) -> ApiError:
+    """An HTTP error raised by the web framework itself (a body it cannot parse, an unknown
+    path or method), shaped as vLLM's server shapes them: the status's phrase as the type and
+    the status as the code."""
+    return ApiError(status, detail, type_=HTTPStatus(status).phrase, code=status)
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

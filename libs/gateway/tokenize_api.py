@@ -9,7 +9,7 @@ import grpc.aio
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors
 from libs.gateway.openai_api import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
-from libs.gateway.requests import chat_prompt
+from libs.gateway.requests import chat_prompt, tokenizer_call
 
 
 async def tokenize(
@@ -17,17 +17,15 @@ async def tokenize(
 ) -> dict[str, Any]:
     """Messages are rendered with the chat template, as a chat completion's prompt would be."""
     if body.messages is not None:
-        ids = await chat_prompt(tokenizer, ChatCompletionRequest(model=model, messages=body.messages))
+        chat = ChatCompletionRequest(model=model, messages=body.messages)
+        ids = await tokenizer_call(chat_prompt(tokenizer, chat))
         return {"tokens": ids, "count": len(ids), "max_model_len": max_model_len}
     if body.prompt is None:
         raise errors.invalid("either prompt or messages is required", "prompt")
-    result = await tokenizer.Tokenize(
-        tokenizer_pb2.TokenizeRequest(
-            text=body.prompt,
-            add_special_tokens=body.add_special_tokens,
-            return_token_strs=body.return_token_strs,
-        )
+    request = tokenizer_pb2.TokenizeRequest(
+        text=body.prompt, add_special_tokens=body.add_special_tokens, return_token_strs=body.return_token_strs
     )
+    result = await tokenizer_call(tokenizer.Tokenize(request))
     reply: dict[str, Any] = {
         "tokens": list(result.token_ids),
         "count": len(result.token_ids),

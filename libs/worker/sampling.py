@@ -75,10 +75,16 @@ def _structured_output(spec: common_pb2.StructuredOutput) -> dict[str, Any] | No
     return {kind: getattr(spec, kind)}
 
 
+# Sequences one request may ask a worker for. vLLM has no bound (each sequence is a request in
+# its scheduler); the gateway allows far fewer (--max-sequences-per-request), this stops any
+# other gRPC caller from queueing millions on one worker.
+MAX_SEQUENCES = 1024
+
+
 def _check_ranges(kwargs: dict[str, Any]) -> None:
     # vLLM checks these too, but its messages name its own fields; these name the API's.
     checks = [
-        ("n", kwargs["n"] >= 1, "n must be at least 1"),
+        ("n", 1 <= kwargs["n"] <= MAX_SEQUENCES, f"n must be in [1, {MAX_SEQUENCES}]"),
         ("temperature", kwargs.get("temperature", 1.0) >= 0, "temperature must be >= 0"),
         ("top_p", 0 < kwargs.get("top_p", 1.0) <= 1, "top_p must be in (0, 1]"),
         ("min_p", 0 <= kwargs.get("min_p", 0.0) <= 1, "min_p must be in [0, 1]"),

@@ -10,6 +10,7 @@ import prometheus_client
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from libs.gateway import errors, responses, tokenize_api
@@ -56,6 +57,12 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
     @app.exception_handler(errors.ApiError)
     async def api_error(_request: Request, error: errors.ApiError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(HTTPException)
+    async def framework_error(_request: Request, error: HTTPException) -> JSONResponse:
+        # An unparsable body (invalid UTF-8, nesting too deep), an unknown path or method.
+        api_error = errors.framework_error(error.status_code, str(error.detail))
+        return JSONResponse(api_error.body(), status_code=api_error.status, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request: Request, error: RequestValidationError) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -88,3 +89,22 @@ async def test_results_come_in_order() -> None:
         return v
 
     assert await gather_or_cancel(value(1), value(2), value(3)) == [1, 2, 3]
+
+
+async def test_when_several_fail_the_first_is_raised_and_every_failure_retrieved() -> None:
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+
+    async def failing(message: str) -> int:
+        await asyncio.sleep(0)
+        raise RuntimeError(message)
+
+    try:
+        with pytest.raises(RuntimeError, match="first"):
+            await gather_or_cancel(failing("first"), failing("second"))
+        gc.collect()  # a task whose exception was never retrieved reports it when collected
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert unretrieved == []

@@ -61,7 +61,8 @@ def test_every_field_maps() -> None:
         (common_pb2.SamplingParams(top_p=0), r"top_p must be in \(0, 1\]"),
         (common_pb2.SamplingParams(presence_penalty=3), r"presence_penalty must be in \[-2, 2\]"),
         (common_pb2.SamplingParams(logprobs=-1), "logprobs must be >= 0"),
-        (common_pb2.SamplingParams(n=-2), "n must be at least 1"),
+        (common_pb2.SamplingParams(n=-2), r"n must be in \[1, 1024\]"),
+        (common_pb2.SamplingParams(n=2**31 - 1), r"n must be in \[1, 1024\]"),
     ],
 )
 def test_out_of_range_values_are_invalid(params: common_pb2.SamplingParams, message: str) -> None:

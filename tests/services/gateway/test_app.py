@@ -340,3 +340,24 @@ async def test_a_failure_after_the_first_token_is_an_error_event_in_the_stream()
     assert json.loads(events[0])["choices"][0]["text"] == "Hello"
     assert json.loads(events[1])["error"]["message"] == "worker gone"
     assert events[-1] == "[DONE]" and pipeline.closed.is_set()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content", "status"),
+    [
+        ("POST", "/v1/completions", b'{"model": "m", "prompt": "a \xff\xfe b"}', 400),
+        ("POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400),
+        ("GET", "/v1/nowhere", b"", 404),
+        ("GET", "/v1/completions", b"", 405),
+    ],
+)
+async def test_what_the_framework_refuses_is_an_openai_error_object(
+    method: str, path: str, content: bytes, status: int
+) -> None:
+    async with client(ScriptedPipeline(EVENTS)) as http:
+        response = await http.request(
+            method, path, content=content, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["code"] == status and error["message"] and set(error) == {"message", "type", "param", "code"}
