@@ -9,7 +9,7 @@ it is sent as an error object before [DONE].
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,8 @@ async def started(generate: Generate, spec: GenerationSpec) -> Generate:
             async for event in events:
                 yield event
         finally:
-            await events.aclose()  # releases the pipeline's workers if the client left early
+            if isinstance(events, AsyncGenerator):  # Pipeline.run's is one
+                await events.aclose()  # releases the pipeline's workers if the client left early
 
     return replay
 
