@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -22,6 +21,7 @@ from cleave.kvstore.v1 import kvstore_pb2_grpc
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.store import KvStore
 from services.kvstore.servicer import KvStoreServicer, binding
+from tests.fuzz.calls import Caller
 from tests.fuzz.events import outcome
 from tests.fuzz.protos import messages, mostly
 from tests.fuzz.servers import background_server
@@ -35,6 +35,9 @@ REFUSALS = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 TIMEOUT_S = 30
+CALLER = Caller(REFUSALS, TIMEOUT_S)
+call = CALLER.unary
+check_refusal = CALLER.refused
 KNOWN_PROMPT = prompt(7, 4 * CHUNK_TOKENS)
 
 FUZZ = settings(
@@ -85,22 +88,6 @@ def kvstore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
             yield Store(store, kvstore_pb2_grpc.KvStoreStub(channel))
     finally:
         store.close()
-
-
-def check_refusal(error: grpc.RpcError, request: Any) -> None:
-    code, details = error.code(), error.details() or ""
-    outcome(f"refused {code.name}")
-    assert code in REFUSALS, f"{code} {details!r} for {str(request)[:2000]}"
-
-
-def call(method: Any, request: Any) -> Any:
-    try:
-        response = method(request, timeout=TIMEOUT_S)
-    except grpc.RpcError as error:
-        check_refusal(error, request)
-        return None
-    outcome("answered")
-    return response
 
 
 def still_serving(kvstore: Store) -> None:

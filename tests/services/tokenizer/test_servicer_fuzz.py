@@ -8,7 +8,6 @@ answers afterwards."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import pytest
@@ -20,6 +19,7 @@ from cleave.tokenizer.v1 import tokenizer_pb2 as pb
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from libs.tokenization import Tokenizer
 from services.tokenizer.servicer import TokenizerServicer, binding
+from tests.fuzz.calls import Caller
 from tests.fuzz.events import outcome
 from tests.fuzz.protos import messages, mostly
 from tests.fuzz.servers import background_server
@@ -32,6 +32,9 @@ REFUSALS = {
     grpc.StatusCode.OUT_OF_RANGE,
 }
 TIMEOUT_S = 30
+CALLER = Caller(REFUSALS, TIMEOUT_S)
+call = CALLER.unary
+check_refusal = CALLER.refused
 
 FUZZ = settings(
     max_examples=150,
@@ -68,24 +71,6 @@ def stub(smollm2: Tokenizer) -> Iterator[tokenizer_pb2_grpc.TokenizerStub]:
     servicer = TokenizerServicer(smollm2, model="smollm2", max_model_len=2048)
     with background_server(lambda: [binding(servicer)]) as channel:
         yield tokenizer_pb2_grpc.TokenizerStub(channel)
-
-
-def call(method: Any, request: Any) -> Any:
-    """The response, or None when refused as the caller's fault; anything else fails."""
-    try:
-        response = method(request, timeout=TIMEOUT_S)
-    except grpc.RpcError as error:
-        check_refusal(error, request)
-        return None
-    outcome("answered")
-    return response
-
-
-def check_refusal(error: grpc.RpcError, request: Any) -> None:
-    code, details = error.code(), error.details() or ""
-    outcome(f"refused {code.name}")
-    assert code in REFUSALS, f"{code} {details!r} for {request!r}"
-    assert "Traceback" not in details
 
 
 def still_serving(stub: tokenizer_pb2_grpc.TokenizerStub) -> None:

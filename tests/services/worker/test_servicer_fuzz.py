@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +22,7 @@ from libs.worker.config import Role, WorkerConfig
 from libs.worker.layout import kv_layout
 from libs.worker.service import WorkerService
 from services.worker.servicer import WorkerServicer, binding
+from tests.fuzz.calls import Caller
 from tests.fuzz.events import outcome
 from tests.fuzz.protos import messages
 from tests.fuzz.servers import background_server
@@ -39,6 +39,9 @@ REFUSALS = {
 }
 STREAM_ERRORS = {common_pb2.ERROR_CODE_INVALID_ARGUMENT, common_pb2.ERROR_CODE_ABORTED}
 TIMEOUT_S = 30
+CALLER = Caller(REFUSALS, TIMEOUT_S)
+unary = CALLER.unary
+check_refusal = CALLER.refused
 
 FUZZ = settings(
     max_examples=200,
@@ -59,8 +62,8 @@ OVERRIDES = {
     "cleave.common.v1.RequestMetadata.model": st.sampled_from(["", MODEL, "other"]),
     "cleave.worker.v1.PrefillRequest.prompt_token_ids": prompts,
     "cleave.worker.v1.GenerateRequest.prompt_token_ids": prompts,
-    # Small n: the worker bounds n only from below (the gateway caps it at 16), and the fake
-    # engine builds n sequences per token.
+    # Small n: the fake engine builds n sequences per token (the worker refuses n > 1024,
+    # libs/worker/sampling.py, and the gateway allows far fewer).
     "cleave.common.v1.SamplingParams.n": st.integers(-2, 4),
     "cleave.common.v1.SamplingParams.max_tokens": small,
     "cleave.common.v1.SamplingParams.min_tokens": small,
@@ -91,23 +94,6 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Worker]:
     servicer = WorkerServicer(WorkerService(config, engine))
     with background_server(lambda: [binding(servicer)]) as channel:
         yield Worker(role, engine, worker_pb2_grpc.WorkerStub(channel))
-
-
-def unary(method: Any, request: Any) -> Any:
-    """The response, or None when refused as the caller's fault; anything else fails."""
-    try:
-        response = method(request, timeout=TIMEOUT_S)
-    except grpc.RpcError as error:
-        check_refusal(error, request)
-        return None
-    outcome("answered")
-    return response
-
-
-def check_refusal(error: grpc.RpcError, request: Any) -> None:
-    code, details = error.code(), error.details() or ""
-    outcome(f"refused {code.name}")
-    assert code in REFUSALS, f"{code} {details!r} for {request!r}"
 
 
 def still_serving(worker: Worker) -> None:
