@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tools.cli_args import split_gateway_args, user_path
 from tools.run_batch.runner import RunOptions, Summary, run_batch
 
 
@@ -52,22 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
-
-
-def split_gateway_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(this tool's arguments, the gateway's): the gateway's follow the first `--`."""
-    argv = list(argv)
-    if "--" in argv:
-        cut = argv.index("--")
-        return argv[:cut], argv[cut + 1 :]
-    return argv, []
-
-
-def user_path(path: Path) -> Path:
-    """A path as the user typed it: `bazel run` runs us inside the runfiles tree, and says in
-    BUILD_WORKING_DIRECTORY where the user was."""
-    base = os.environ.get("BUILD_WORKING_DIRECTORY")
-    return Path(os.path.normpath(Path(base) / path)) if base and not path.is_absolute() else path
 
 
 def report(summary: Summary, output: Path) -> str:
@@ -116,10 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Imported here: only a local stack needs the gateway's code.
             from libs.config.errors import ConfigError
             from libs.stack.process import LaunchError
-            from tools.run_batch.local_gateway import local_gateway
+            from tools.local_gateway import local_gateway
 
             try:
-                with local_gateway(gateway_args, args.startup_timeout_s) as url:
+                with local_gateway("run-batch", gateway_args, args.startup_timeout_s) as (url, _gateway):
                     summary = asyncio.run(_run(args, url))
             except (ConfigError, LaunchError) as error:
                 print(f"run_batch: local stack: {error}", file=sys.stderr)

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
+from tools.cli_args import split_gateway_args, user_path
 from tools.soak.memory import TreeSampler, listening_pid
 from tools.soak.report import as_json, as_text
 from tools.soak.runner import SoakOptions, soak
@@ -60,36 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, help="write the summary as JSON here")
     parser.add_argument("--startup-timeout-s", type=float, default=1800.0)
     return parser
-
-
-def split_gateway_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    argv = list(argv)
-    if "--" in argv:
-        cut = argv.index("--")
-        return argv[:cut], argv[cut + 1 :]
-    return argv, []
-
-
-@contextlib.contextmanager
-def local_stack(gateway_args: Sequence[str], startup_timeout_s: float) -> Iterator[tuple[str, int]]:
-    """The gateway as `./bazel run //services/gateway -- ARGS` starts it (with its tokenizer
-    and workers as children): (base URL, gateway pid); everything stopped afterwards."""
-    from libs.config.flags import parse
-    from libs.stack.launcher import start_service
-    from services.gateway.config import GatewayConfig
-
-    config = parse(GatewayConfig, ["--port", "0", *gateway_args])
-    service = start_service("soak-gateway", "gateway", "services.gateway.main", config, config.log_dir)
-    print(f"soak: starting a local stack (log: {service.running.log_path})", file=sys.stderr, flush=True)
-    try:
-        yield service.wait_http_ready(startup_timeout_s, label="soak: local stack"), service.running.pid
-    finally:
-        service.stop(timeout_s=60)
-
-
-def user_path(path: Path) -> Path:
-    base = os.environ.get("BUILD_WORKING_DIRECTORY")
-    return Path(base) / path if base and not path.is_absolute() else path
 
 
 def run(args: argparse.Namespace, url: str, roots: list[int]) -> int:
@@ -143,8 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             port = urlparse(args.url).port
             pid = listening_pid(port) if port else None
             return run(args, args.url, [*([pid] if pid else []), *args.pid])
-        with local_stack(gateway_args, args.startup_timeout_s) as (url, pid):
-            return run(args, url, [pid, *args.pid])
+        from tools.local_gateway import local_gateway  # only a local stack needs Cleave's code
+
+        with local_gateway("soak", gateway_args, args.startup_timeout_s) as (url, gateway):
+            return run(args, url, [gateway.running.pid, *args.pid])
     except KeyboardInterrupt:
         print("soak: interrupted", file=sys.stderr)
         return 130

@@ -9,7 +9,7 @@ import pytest
 
 from libs.config.errors import ConfigError
 from libs.stack.process import LaunchError
-from tools.run_batch.local_gateway import gateway_config, local_gateway
+from tools.local_gateway import gateway_config, local_gateway
 
 
 def test_the_gateway_binds_any_port_and_gets_the_flags_given() -> None:
@@ -28,7 +28,7 @@ def test_a_gateway_that_exits_while_starting_is_reported_with_its_log(tmp_path: 
     args = ["--cache-dir", str(tmp_path), "--model", str(tmp_path / "no-such-model")]
     with (
         pytest.raises(LaunchError, match="exited with code") as error,
-        local_gateway(args, startup_timeout_s=120),
+        local_gateway("run-batch", args, startup_timeout_s=120),
     ):
         pytest.fail("the gateway cannot have become healthy")
     assert "no-such-model" in str(error.value)
