@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 INT32_MAX = 2**31 - 1
 # vLLM's OpenAI server accepts any seed torch's generators take: a signed 64-bit integer.
@@ -89,6 +89,15 @@ class _SamplingFields(_Strict):
     tool_choice: Any = None
     functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _only_when_streaming(cls, value: Any, info: ValidationInfo) -> Any:
+        # vLLM's rule and message (validate_stream_options): options for a stream not asked for
+        # are a mistake worth telling the client about (an empty object is let through).
+        if value and not info.data.get("stream"):
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return value
 
     @field_validator("stop")
     @classmethod

@@ -101,3 +101,18 @@ def test_tokenize_messages_may_not_be_empty() -> None:
     with pytest.raises(ValidationError, match="messages"):
         TokenizeRequest.model_validate({"messages": []})
     assert TokenizeRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]}).messages
+
+
+@pytest.mark.parametrize("model", [CompletionRequest, ChatCompletionRequest])
+def test_stream_options_need_stream_as_in_vllm(
+    model: type[CompletionRequest] | type[ChatCompletionRequest],
+) -> None:
+    prompt = (
+        {"prompt": "hi"} if model is CompletionRequest else {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    body = {"model": "m", **prompt, "stream_options": {"include_usage": True}}
+    with pytest.raises(ValidationError, match="only be defined when `stream=True`") as raised:
+        model.model_validate(body)
+    assert raised.value.errors()[0]["loc"] == ("stream_options",)
+    assert model.model_validate({**body, "stream": True}).stream_options.include_usage
+    model.model_validate({**body, "stream_options": {}})  # an empty object is accepted, as by vLLM
