@@ -238,6 +238,16 @@ def models(served_model: str, max_model_len: int) -> dict[str, Any]:
     }
 
 
+def version(endpoints: Sequence[Endpoint]) -> dict[str, Any]:
+    """vLLM's /version: the engine's vLLM version, as the workers report it ("vllm 0.x.y cpu");
+    clients written for vLLM's server use it to tell which parameters they may send."""
+    for endpoint in endpoints:
+        engine = endpoint.info.engine_version.split() if endpoint.info is not None else []
+        if len(engine) >= 2 and engine[0] == "vllm":
+            return {"version": engine[1]}
+    return {"version": "unknown"}
+
+
 async def tokenizer_status(
     tokenizer: tokenizer_pb2_grpc.TokenizerStub, timeout_s: float = 2.0
 ) -> dict[str, Any]:

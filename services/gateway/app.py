@@ -91,6 +91,10 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
     async def metrics_endpoint() -> Response:
         return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        return responses.version(state.pool.endpoints)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return responses.models(state.served_model, state.max_model_len)

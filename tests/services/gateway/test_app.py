@@ -361,3 +361,11 @@ async def test_what_the_framework_refuses_is_an_openai_error_object(
     assert response.status_code == status
     error = response.json()["error"]
     assert error["code"] == status and error["message"] and set(error) == {"message", "type", "param", "code"}
+
+
+async def test_version_is_the_engines_vllm_version_as_vllms_server_reports_it() -> None:
+    workers = Workers("decode")
+    async with client(ScriptedPipeline(EVENTS), workers=workers) as http:
+        assert (await http.get("/version")).json() == {"version": "unknown"}  # no worker answered yet
+        workers.endpoints[0].info = worker_pb2.WorkerInfo(engine_version="vllm 0.32.0 cpu")
+        assert (await http.get("/version")).json() == {"version": "0.32.0"}
