@@ -82,11 +82,10 @@ async def chat_logprobs(
 
     content = []
     for entry in entries:
-        alternatives = sorted(entry.top, key=lambda t: t.rank)[:top]
         content.append(
             {
-                **item(entry.token_id, entry.logprob),
-                "top_logprobs": [item(t.token_id, t.logprob) for t in alternatives],
+                **item(entry.token_id, _clamped(entry.logprob)),
+                "top_logprobs": [item(t, lp) for t, lp in _vllm_order(entry, top)[:top]],
             }
         )
     return {"content": content}
@@ -104,13 +103,26 @@ async def completion_logprobs(
         position += len(token)
     return {
         "tokens": tokens,
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [
-            {texts.get(t.token_id, ""): t.logprob for t in sorted(e.top, key=lambda t: t.rank)[:top]}
-            for e in entries
-        ],
+        "token_logprobs": [_clamped(e.logprob) for e in entries],
+        # The sampled token and the `top` best (vLLM keeps entries 0..top of its dict), so
+        # logprobs=0 still gives the sampled token's, as vLLM's server does.
+        "top_logprobs": [{texts.get(t, ""): lp for t, lp in _vllm_order(e, top)} for e in entries],
         "text_offset": offsets,
     }
+
+
+def _vllm_order(entry: common_pb2.TokenLogprob, top: int) -> list[tuple[int, float]]:
+    """(token id, logprob) as vLLM's per-position logprobs dict for `top` holds them, in the
+    order its OpenAI server cuts them: the sampled token first, then the `top` best by rank
+    (without the sampled one again)."""
+    best = (t for t in entry.top if t.token_id != entry.token_id and t.rank <= top)
+    others = sorted(best, key=lambda t: t.rank)
+    return [(entry.token_id, _clamped(entry.logprob))] + [(t.token_id, _clamped(t.logprob)) for t in others]
+
+
+def _clamped(logprob: float) -> float:
+    # -inf is not JSON; OpenAI's API (and vLLM's server) uses -9999.0.
+    return max(logprob, -9999.0)
 
 
 async def collect(generate: Generate, spec: GenerationSpec) -> Generation:

@@ -253,3 +253,26 @@ def test_health_describes_each_worker() -> None:
 def test_sse_frames_json_and_the_done_marker() -> None:
     assert responses.sse({"text": "é"}) == 'data: {"text": "é"}\n\n'
     assert responses.sse("[DONE]") == "data: [DONE]\n\n"
+
+
+async def test_logprobs_keep_vllms_order_sampled_token_first_then_the_best() -> None:
+    # The sampled token (6, " there") is third best: vLLM's dict is {6, 1, 3} for top 2.
+    entries = [token(6, -2.0, (1, -0.5), (3, -1.0), (6, -2.0))]
+    completion = await responses.completion_logprobs(entries, 2, texts().token_texts)
+    assert list(completion["top_logprobs"][0].items()) == [
+        (" there", -2.0),
+        ("Hello", -0.5),
+        (" world", -1.0),
+    ]
+    # logprobs=0: the sampled token's own entry, as vLLM's server gives it.
+    assert (await responses.completion_logprobs(entries, 0, texts().token_texts))["top_logprobs"] == [
+        {" there": -2.0}
+    ]
+    chat = await responses.chat_logprobs(entries, 2, texts().token_texts)
+    assert [t["token"] for t in chat["content"][0]["top_logprobs"]] == [" there", "Hello"]
+
+
+async def test_minus_infinity_is_minus_9999_as_in_openais_api() -> None:
+    entries = [token(1, float("-inf"), (1, float("-inf")))]
+    completion = await responses.completion_logprobs(entries, 1, texts().token_texts)
+    assert completion["token_logprobs"] == [-9999.0] and completion["top_logprobs"] == [{"Hello": -9999.0}]
