@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ import prometheus_client
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
@@ -176,10 +178,36 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
             )
         )
 
+    @app.post("/invocations", response_model=None)
+    async def invocations(request: Request) -> JSONResponse | StreamingResponse:
+        """SageMaker's entry point, as vLLM serves it: the body goes to the first endpoint
+        whose request type it validates as (chat completions, then completions)."""
+        body = await invocation_body(request)
+        with contextlib.suppress(ValidationError):
+            return await chat(ChatCompletionRequest.model_validate(body), request)
+        with contextlib.suppress(ValidationError):
+            return await completions(CompletionRequest.model_validate(body), request)
+        raise errors.invalid(
+            "Cannot find suitable handler for request. Expected one of: "
+            "['ChatCompletionRequest', 'CompletionRequest']"
+        )
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> JSONResponse:
+        """SageMaker's health check: the same answer as /health."""
+        return await health()
+
     edge.install(app)
     # Outermost: counts the edge's refusals (401, 413) too.
     app.add_middleware(RequestCounter, endpoints={getattr(route, "path", "") for route in app.routes})
     return app
+
+
+async def invocation_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as error:  # not JSON, or not UTF-8
+        raise errors.invalid(f"the body is not valid JSON: {error}") from error
 
 
 def _spec(

@@ -369,3 +369,30 @@ async def test_version_is_the_engines_vllm_version_as_vllms_server_reports_it() 
         assert (await http.get("/version")).json() == {"version": "unknown"}  # no worker answered yet
         workers.endpoints[0].info = worker_pb2.WorkerInfo(engine_version="vllm 0.32.0 cpu")
         assert (await http.get("/version")).json() == {"version": "0.32.0"}
+
+
+@pytest.mark.parametrize(
+    ("body", "object_"),
+    [
+        (
+            {"model": "m", "messages": [{"role": "user", "content": "abc"}], "max_tokens": 4},
+            "chat.completion",
+        ),
+        ({"model": "m", "prompt": [1, 2], "max_tokens": 4}, "text_completion"),
+    ],
+)
+async def test_invocations_route_a_body_as_vllms_sagemaker_endpoint_does(
+    body: dict[str, Any], object_: str
+) -> None:
+    async with client(ScriptedPipeline(EVENTS)) as http:
+        response = await http.post("/invocations", json=body)
+        assert response.status_code == 200 and response.json()["object"] == object_
+        assert (await http.get("/ping")).status_code == 200
+
+
+async def test_invocations_refuse_a_body_no_endpoint_takes() -> None:
+    async with client(ScriptedPipeline(EVENTS)) as http:
+        response = await http.post("/invocations", json={"model": "m", "input": "abc"})
+        assert response.status_code == 400 and "suitable handler" in response.json()["error"]["message"]
+        broken = await http.post("/invocations", content=b"{", headers={"content-type": "application/json"})
+        assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
