@@ -105,7 +105,9 @@ def trusted_hosts(kv_host: str, allowed: Iterable[str]) -> frozenset[str]:
 def check_peer(handoff: worker_pb2.KvHandoff, trusted: frozenset[str]) -> None:
     """Raises UntrustedPeer unless the descriptor's NIXL peer is a host this worker trusts."""
     host = handoff.host
-    if not host or not (is_loopback(host) or host.lower() in trusted):
+    if not host:  # malformed, not forged: the caller's mistake
+        raise InvalidRequest("KV handoff names no host")
+    if not (is_loopback(host) or host.lower() in trusted):
         raise UntrustedPeer(
             f"KV handoff names host {host!r}, which this worker does not pull from "
             "(loopback, its --kv-host and --kv-allowed-hosts)"
