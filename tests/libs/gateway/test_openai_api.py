@@ -114,5 +114,6 @@ def test_stream_options_need_stream_as_in_vllm(
     with pytest.raises(ValidationError, match="only be defined when `stream=True`") as raised:
         model.model_validate(body)
     assert raised.value.errors()[0]["loc"] == ("stream_options",)
-    assert model.model_validate({**body, "stream": True}).stream_options.include_usage
+    options = model.model_validate({**body, "stream": True}).stream_options
+    assert options is not None and options.include_usage
     model.model_validate({**body, "stream_options": {}})  # an empty object is accepted, as by vLLM

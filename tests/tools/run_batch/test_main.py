@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.run_batch.main import main, report, split_gateway_args, user_path
+from tools.cli_args import split_gateway_args, user_path
+from tools.run_batch.main import main, report
 from tools.run_batch.runner import Summary
 
 
