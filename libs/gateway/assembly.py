@@ -31,6 +31,9 @@ class GatewayParts:
     pipeline: Pipeline
     pool: WorkerPool
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
+    # max_tokens for requests that set none: the model's generation_config.json under
+    # `--generation-config auto`; None = the rest of the context.
+    default_max_tokens: int | None = None
 
 
 async def assemble(
@@ -79,4 +82,7 @@ async def assemble(
         request_timeout_s=request_timeout_s,
         admission=Admission(pool, admission),
     )
-    return GatewayParts(served_model or info.model, info.max_model_len, pipeline, pool, tokenizer)
+    default_max_tokens = info.default_max_tokens if info.HasField("default_max_tokens") else None
+    return GatewayParts(
+        served_model or info.model, info.max_model_len, pipeline, pool, tokenizer, default_max_tokens
+    )

@@ -19,6 +19,7 @@ def generation_spec(
     max_tokens: int | None,
     logprobs: int | None,
     max_tokens_cap: int | None = None,
+    default_max_tokens: int | None = None,
     prompt_tokens_details: bool = False,
 ) -> GenerationSpec:
     """Refuses prompts that are empty or, with the completion, longer than the context.
@@ -26,6 +27,8 @@ def generation_spec(
     With no max_tokens the completion may use the rest of the context (as vLLM does), so no
     request generates without bound. `max_tokens_cap` (the server's) lowers any larger
     value, asked for or not, as vLLM's override of max_new_tokens does.
+    `default_max_tokens` (the model's max_new_tokens under `--generation-config auto`)
+    bounds a request that sets none, as in vLLM's get_max_tokens.
     `prompt_tokens_details`: report cached prompt tokens in usage (vLLM's
     --enable-prompt-tokens-details).
     """
@@ -33,6 +36,8 @@ def generation_spec(
         raise errors.invalid("prompt is empty", "prompt")
     if max_tokens is None:
         max_tokens = max(1, max_model_len - len(prompt))
+        if default_max_tokens is not None:
+            max_tokens = min(max_tokens, default_max_tokens)
     if max_tokens_cap is not None:
         max_tokens = min(max_tokens, max_tokens_cap)
     if len(prompt) + max_tokens > max_model_len:

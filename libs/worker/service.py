@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -274,6 +274,7 @@ class WorkerService:
             engine_version=info.engine_version,
             device=self._config.device.value,
             device_group=self._config.device_group,
+            default_max_tokens=_default_max_tokens(info.sampling_defaults),
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -345,3 +346,9 @@ def _logprob_proto(logprob: TokenLogprob) -> common_pb2.TokenLogprob:
 def _prompt_logprobs(entries: tuple[TokenLogprob | None, ...]) -> list[common_pb2.TokenLogprob]:
     # The first prompt token has no logprob; the contract marks it with an empty entry.
     return [common_pb2.TokenLogprob() if e is None else _logprob_proto(e) for e in entries]
+
+
+def _default_max_tokens(defaults: Mapping[str, Any]) -> int | None:
+    """vLLM names generation_config.json's max_new_tokens `max_tokens` in its defaults."""
+    value = defaults.get("max_tokens")
+    return int(value) if value is not None else None

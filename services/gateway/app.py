@@ -48,6 +48,7 @@ class GatewayState:
     pool: WorkerPool
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    default_max_tokens: int | None = None  # GatewayParts.default_max_tokens
 
 
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
@@ -226,6 +227,7 @@ def _spec(
         max_tokens=max_tokens,
         logprobs=logprobs,
         max_tokens_cap=edge.limits.max_tokens_cap,
+        default_max_tokens=state.default_max_tokens,
         prompt_tokens_details=state.prompt_tokens_details,
     )
 

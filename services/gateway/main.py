@@ -85,6 +85,7 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             parts.pool,
             parts.tokenizer,
             prompt_tokens_details=config.enable_prompt_tokens_details,
+            default_max_tokens=parts.default_max_tokens,
         )
         app = create_app(state, edge)
         # Outermost: a request's deadline starts when it arrives (libs/gateway/deadline.py).

@@ -106,3 +106,23 @@ def test_cache_salts_vllm_refuses_are_refused(salt: str) -> None:
         ChatCompletionRequest.model_validate(
             {"model": "m", "messages": [{"role": "user", "content": "x"}], "cache_salt": salt}
         )
+
+
+def test_the_models_generation_config_bounds_a_request_that_sets_no_max_tokens() -> None:
+    # `--generation-config auto` with max_new_tokens=5 in generation_config.json: vLLM's
+    # get_max_tokens takes the smaller of it and the room left in the context.
+    def max_tokens(requested: int | None, max_model_len: int = 100) -> int:
+        spec = generation_spec(
+            body(),
+            [1, 2, 3],
+            model="m",
+            max_model_len=max_model_len,
+            max_tokens=requested,
+            logprobs=None,
+            default_max_tokens=5,
+        )
+        return spec.sampling.max_tokens
+
+    assert max_tokens(None) == 5
+    assert max_tokens(None, max_model_len=6) == 3  # the context leaves less room
+    assert max_tokens(40) == 40  # a request's own value wins

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +14,7 @@ from libs.worker.config import Role, WorkerConfig
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import UntrustedPeer
 from libs.worker.service import WorkerService, WrongRole
-from tests.libs.worker.fake_engine import FakeEngine
+from tests.libs.worker.fake_engine import INFO, FakeEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -296,3 +297,12 @@ async def test_wait_engine_dead_returns_once_the_engine_has_died() -> None:
     assert not waiting.done()  # alive: still waiting
     engine.dead = True
     await asyncio.wait_for(waiting, timeout=5)
+
+
+async def test_info_carries_the_models_max_new_tokens_only_when_it_has_one() -> None:
+    plain, _ = make(Role.BOTH)
+    assert not plain.info().HasField("default_max_tokens")
+    # vLLM's get_diff_sampling_param names generation_config.json's max_new_tokens max_tokens.
+    auto = FakeEngine(dataclasses.replace(INFO, sampling_defaults={"temperature": 0.6, "max_tokens": 256}))
+    service, _ = make(Role.BOTH, auto)
+    assert service.info().default_max_tokens == 256
