@@ -1,11 +1,13 @@
 """The contract's SamplingParams -> vLLM's SamplingParams.
 
-Stop *strings* are not given to vLLM: the engine has no tokenizer (skip_tokenizer_init), so
-the tokenizer service matches them on detokenized text and the caller aborts the request.
+Stop *strings* are not given to vLLM: the engine does not detokenize (its tokenizer is loaded
+only for the structured-output backends), so the tokenizer service matches them on
+detokenized text and the caller aborts the request.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +16,8 @@ from libs.worker.errors import InvalidRequest
 
 # The fields a model's generation_config.json may default that the contract can leave unset
 # (presence/frequency penalties are plain floats, and the gateway always resolves max_tokens).
+# The key under which sampling_kwargs passes tokenized bad words to the engine.
+BAD_WORDS_TOKEN_IDS = "bad_words_token_ids"
 DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -54,6 +58,14 @@ def sampling_kwargs(
         kwargs["prompt_logprobs"] = params.prompt_logprobs
     if params.logit_bias:
         kwargs["logit_bias"] = dict(params.logit_bias)
+    if params.allowed_token_ids:
+        kwargs["allowed_token_ids"] = list(params.allowed_token_ids)
+    if params.extra_args_json:
+        kwargs["extra_args"] = _extra_args(params.extra_args_json)
+    if params.bad_words_token_ids:
+        # Not a SamplingParams argument: vLLM derives it from `bad_words` with the engine's
+        # tokenizer, which these engines lack; the engine sets it on the params (vllm_engine).
+        kwargs[BAD_WORDS_TOKEN_IDS] = [list(word.ids) for word in params.bad_words_token_ids]
     for name in DEFAULTABLE:
         if defaults and name in defaults and not params.HasField(name):
             kwargs[name] = defaults[name]
@@ -64,15 +76,38 @@ def sampling_kwargs(
     return kwargs
 
 
+def _extra_args(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise InvalidRequest(f"vllm_xargs is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest("vllm_xargs must be a JSON object")
+    return value
+
+
 def _structured_output(spec: common_pb2.StructuredOutput) -> dict[str, Any] | None:
+    """Keyword arguments for vllm.sampling_params.StructuredOutputsParams (the engine builds
+    it, so that vLLM's own checks raise where its errors are mapped). vLLM's input processor
+    validates the constraint against its backend (xgrammar here) when the request is added:
+    an invalid schema, regex or grammar is refused there as the client's mistake."""
     kind = spec.WhichOneof("kind")
     if kind is None:
         return None
+    kwargs: dict[str, Any]
     if kind == "json_schema":
-        return {"json": spec.json_schema}
-    if kind == "choice":
-        return {"choice": list(spec.choice.choices)}
-    return {kind: getattr(spec, kind)}
+        kwargs = {"json": spec.json_schema}
+    elif kind == "choice":
+        kwargs = {"choice": list(spec.choice.choices)}
+    else:
+        kwargs = {kind: getattr(spec, kind)}
+    if spec.disable_any_whitespace:
+        kwargs["disable_any_whitespace"] = True
+    if spec.disable_additional_properties:
+        kwargs["disable_additional_properties"] = True
+    if spec.HasField("whitespace_pattern"):
+        kwargs["whitespace_pattern"] = spec.whitespace_pattern
+    return kwargs
 
 
 # Sequences one request may ask a worker for. vLLM has no bound (each sequence is a request in

@@ -150,10 +150,13 @@ class WorkerService:
         kv_params = self._decode_kv_params(request)
         completion_tokens = 0
         last: EngineStep | None = None
+        prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
         async for step in self._run(
             request_id, prompt, sampling, kv_params, cache_salt=request.metadata.cache_salt
         ):
             last = step
+            if step.prompt_logprobs is not None:
+                prompt_logprobs = step.prompt_logprobs  # on the first step only
             for sequence in step.sequences:
                 if sequence.finish_reason == "error":
                     # vLLM failed the request itself (with the "fail" load policy: handed-over
@@ -182,6 +185,8 @@ class WorkerService:
                 cached_prompt_tokens=last.num_cached_tokens if last else 0,
             )
         )
+        if prompt_logprobs is not None:
+            complete.prompt_logprobs.extend(_prompt_logprobs(prompt_logprobs))
         yield worker_pb2.GenerateResponse(complete=complete)
 
     def _decode_kv_params(self, request: worker_pb2.GenerateRequest) -> dict[str, Any] | None:

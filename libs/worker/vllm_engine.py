@@ -11,7 +11,7 @@ from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -26,6 +26,7 @@ from libs.worker.engine import (
     TopLogprob,
 )
 from libs.worker.errors import EngineUnavailable, InvalidRequest
+from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
 from libs.worker.vllm_stats import CapturingStatLogger
 
 log = structlog.get_logger(__name__)
@@ -62,14 +63,29 @@ class VllmEngine:
         *,
         cache_salt: str = "",
     ) -> AsyncIterator[EngineStep]:
-        extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        sampling = dict(sampling)
+        bad_words = sampling.pop(BAD_WORDS_TOKEN_IDS, None)
+        # The client's vllm_xargs, plus the handoff (vLLM's own OpenAI server merges them alike).
+        extra_args = dict(sampling.pop("extra_args", None) or {})
+        if kv_transfer_params:
+            extra_args["kv_transfer_params"] = kv_transfer_params
         # vLLM's request checks raise VLLMClientError (VLLMValidationError), which is not a
         # ValueError; SamplingParams itself may still raise ValueError/TypeError. All of them
         # are the client's mistake, never the worker's.
         try:
-            params = SamplingParams(output_kind=RequestOutputKind.DELTA, extra_args=extra_args, **sampling)
+            if sampling.get("structured_outputs") is not None:
+                sampling = {
+                    **sampling,
+                    "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"]),
+                }
+            params = SamplingParams(
+                output_kind=RequestOutputKind.DELTA, extra_args=extra_args or None, **sampling
+            )
         except (ValueError, TypeError, VLLMClientError) as error:
             raise InvalidRequest(str(error)) from error
+        if bad_words:
+            # What SamplingParams.update_from_tokenizer would set from `bad_words`.
+            params._bad_words_token_ids = bad_words
         first = True
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
         if cache_salt:

@@ -111,6 +111,7 @@ class FakeEngine:
                     num_prompt_tokens=len(prompt_token_ids),
                     num_cached_tokens=external,
                     kv_transfer_params=params,
+                    prompt_logprobs=_prompt_logprobs(prompt_token_ids, sampling) if position == 0 else None,
                 )
                 if last:
                     self._stats.requests_finished += 1
@@ -131,3 +132,15 @@ class FakeEngine:
 
     async def shutdown(self) -> None:
         pass
+
+
+def _prompt_logprobs(
+    prompt_token_ids: Sequence[int], sampling: dict[str, Any]
+) -> tuple[TokenLogprob | None, ...] | None:
+    """As vLLM: none for the first prompt token; each other one at -1.0 * its position."""
+    if sampling.get("prompt_logprobs") is None:
+        return None
+    return (None,) + tuple(
+        TokenLogprob(token, -1.0 * position, position)
+        for position, token in enumerate(prompt_token_ids[1:], 1)
+    )

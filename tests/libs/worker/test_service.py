@@ -306,3 +306,48 @@ async def test_info_carries_the_models_max_new_tokens_only_when_it_has_one() -> 
     auto = FakeEngine(dataclasses.replace(INFO, sampling_defaults={"temperature": 0.6, "max_tokens": 256}))
     service, _ = make(Role.BOTH, auto)
     assert service.info().default_max_tokens == 256
+
+
+async def test_prompt_logprobs_come_with_prefill_and_with_a_colocated_complete() -> None:
+    sampling = common_pb2.SamplingParams(max_tokens=2, prompt_logprobs=1)
+    prefill, _ = make(Role.PREFILL)
+    response = await prefill.prefill(
+        worker_pb2.PrefillRequest(metadata=meta("p"), prompt_token_ids=[5, 6, 7], sampling=sampling)
+    )
+    both, _ = make(Role.BOTH)
+    complete = (
+        await collect(
+            both,
+            worker_pb2.GenerateRequest(metadata=meta("b"), prompt_token_ids=[5, 6, 7], sampling=sampling),
+        )
+    )[-1].complete
+    for entries in (response.prompt_logprobs, complete.prompt_logprobs):
+        # The first prompt token has none (an empty entry), as in vLLM.
+        assert [(e.token_id, e.logprob) for e in entries] == [(0, 0.0), (6, -1.0), (7, -2.0)]
+
+
+async def test_no_prompt_logprobs_unless_asked() -> None:
+    both, _ = make(Role.BOTH)
+    responses = await collect(
+        both,
+        worker_pb2.GenerateRequest(
+            metadata=meta("b"), prompt_token_ids=[5, 6], sampling=common_pb2.SamplingParams(max_tokens=1)
+        ),
+    )
+    assert not responses[-1].complete.prompt_logprobs
+
+
+def test_sampling_passes_allowed_token_ids_xargs_and_bad_words() -> None:
+    from libs.worker.sampling import BAD_WORDS_TOKEN_IDS, sampling_kwargs
+
+    params = common_pb2.SamplingParams(
+        allowed_token_ids=[3, 4],
+        extra_args_json='{"k": 1}',
+        bad_words_token_ids=[common_pb2.TokenIds(ids=[7, 8])],
+    )
+    kwargs = sampling_kwargs(params, max_tokens=4)
+    assert kwargs["allowed_token_ids"] == [3, 4]
+    assert kwargs["extra_args"] == {"k": 1}
+    assert kwargs[BAD_WORDS_TOKEN_IDS] == [[7, 8]]
+    with pytest.raises(InvalidRequest, match="vllm_xargs"):
+        sampling_kwargs(common_pb2.SamplingParams(extra_args_json="[1]"), max_tokens=4)
