@@ -24,8 +24,11 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "model": str(config.model_path),
         "served_model_name": config.served_model_name,
-        # Cleave's tokenizer service owns text; engines see token ids only.
-        "skip_tokenizer_init": True,
+        # Cleave's tokenizer service owns text; engines see token ids only and never
+        # detokenize (SamplingParams.detokenize=False). The engine still loads the tokenizer:
+        # vLLM's structured-output backends compile grammars against its vocabulary, and
+        # refuse every constrained request under skip_tokenizer_init.
+        "skip_tokenizer_init": False,
         # None: vLLM takes the model's own context length.
         "max_model_len": config.max_model_len,
         "max_num_seqs": config.max_num_seqs,

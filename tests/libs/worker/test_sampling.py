@@ -87,3 +87,36 @@ def test_generation_config_defaults_fill_only_what_the_request_left_unset() -> N
     )
     assert (given["temperature"], given["top_k"], given["top_p"]) == (0.0, 5, 0.9)
     assert "temperature" not in sampling_kwargs(common_pb2.SamplingParams(), max_tokens=7, defaults={})
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (common_pb2.StructuredOutput(json_schema='{"type": "object"}'), {"json": '{"type": "object"}'}),
+        (common_pb2.StructuredOutput(json_object=True), {"json_object": True}),
+        (common_pb2.StructuredOutput(regex="[a-z]+"), {"regex": "[a-z]+"}),
+        (common_pb2.StructuredOutput(grammar='root ::= "a"'), {"grammar": 'root ::= "a"'}),
+        (common_pb2.StructuredOutput(structural_tag='{"type": "x"}'), {"structural_tag": '{"type": "x"}'}),
+        (
+            common_pb2.StructuredOutput(
+                json_object=True,
+                disable_any_whitespace=True,
+                disable_additional_properties=True,
+                whitespace_pattern=" ?",
+            ),
+            {
+                "json_object": True,
+                "disable_any_whitespace": True,
+                "disable_additional_properties": True,
+                "whitespace_pattern": " ?",
+            },
+        ),
+    ],
+)
+def test_structured_output_maps_to_vllms_names(spec: common_pb2.StructuredOutput, expected: dict) -> None:
+    kwargs = sampling_kwargs(common_pb2.SamplingParams(structured_output=spec), max_tokens=4)
+    assert kwargs["structured_outputs"] == expected
+
+
+def test_no_structured_output_sets_none() -> None:
+    assert "structured_outputs" not in sampling_kwargs(common_pb2.SamplingParams(), max_tokens=4)

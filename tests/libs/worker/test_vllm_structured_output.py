@@ -1,0 +1,82 @@
+"""Structured output through VllmEngine: the contract's constraint becomes vLLM's own
+StructuredOutputsParams, and what vLLM refuses about it (two kinds at once; an invalid regex or
+schema, refused by the engine's input processor when the request is added) is the client's
+mistake (InvalidRequest -> INVALID_ARGUMENT -> 400), never an engine failure."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import StructuredOutputsParams
+
+from cleave.common.v1 import common_pb2
+from libs.worker.errors import InvalidRequest
+from libs.worker.sampling import sampling_kwargs
+from libs.worker.vllm_engine import VllmEngine
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class _AsyncLLM:
+    """Records the SamplingParams it is given; refuses them as vLLM's input processor would."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.refuse = refuse
+        self.params: list[Any] = []
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+        self.params.append(params)
+        if self.refuse:
+            raise VLLMValidationError(self.refuse)
+        yield SimpleNamespace(
+            outputs=[], finished=True, prompt_token_ids=[1], num_cached_tokens=0,
+            kv_transfer_params=None, prompt_logprobs=None,
+        )  # fmt: skip
+
+
+def engine(llm: _AsyncLLM) -> VllmEngine:
+    return VllmEngine(llm, stats=None, info=None)  # type: ignore[arg-type]
+
+
+async def run(llm: _AsyncLLM, spec: common_pb2.StructuredOutput) -> None:
+    kwargs = sampling_kwargs(common_pb2.SamplingParams(structured_output=spec), max_tokens=4)
+    async for _ in engine(llm).generate("r", [1, 2], kwargs):
+        pass
+
+
+async def test_the_constraint_reaches_vllm_as_its_structured_outputs_params() -> None:
+    llm = _AsyncLLM()
+    await run(llm, common_pb2.StructuredOutput(json_schema='{"type": "integer"}', disable_any_whitespace=True))
+    structured = llm.params[0].structured_outputs
+    assert isinstance(structured, StructuredOutputsParams)
+    assert structured.json == '{"type": "integer"}' and structured.disable_any_whitespace is True
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        common_pb2.StructuredOutput(choice=common_pb2.ChoiceList(choices=["a", "b"])),
+        common_pb2.StructuredOutput(regex="[0-9]+"),
+        common_pb2.StructuredOutput(grammar='root ::= "x"'),
+        common_pb2.StructuredOutput(json_object=True, whitespace_pattern=" "),
+    ],
+)
+async def test_every_kind_is_accepted_by_vllms_params(spec: common_pb2.StructuredOutput) -> None:
+    llm = _AsyncLLM()
+    await run(llm, spec)
+    assert not llm.params[0].structured_outputs.all_constraints_none()
+
+
+async def test_what_the_engine_refuses_about_a_constraint_is_an_invalid_request() -> None:
+    llm = _AsyncLLM(refuse="Invalid regex: unterminated group")
+    with pytest.raises(InvalidRequest, match="Invalid regex"):
+        await run(llm, common_pb2.StructuredOutput(regex="(ab"))
