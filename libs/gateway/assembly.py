@@ -14,6 +14,7 @@ from cleave.worker.v1 import worker_pb2
 from libs.gateway.admission import Admission, AdmissionConfig
 from libs.gateway.breaker import BreakerConfig
 from libs.gateway.deadline import DeadlineStub
+from libs.gateway.discovery import WorkerDiscovery
 from libs.gateway.kvstore_lookup import KvStoreLookup
 from libs.gateway.migration import DEFAULT_LIMIT as DEFAULT_MIGRATION_LIMIT
 from libs.gateway.pipeline import Pipeline
@@ -49,10 +50,20 @@ async def assemble(
     breaker: BreakerConfig | None = None,
     admission: AdmissionConfig | None = None,
     request_timeout_s: float | None = 600.0,
+    worker_dns_refresh_s: float = 0.0,
 ) -> GatewayParts:
-    """Connects to the services; everything opened is closed by `cleanup`."""
-    pool = WorkerPool(workers, security=security, breaker=breaker)
-    cleanup.push_async_callback(pool.close)
+    """Connects to the services; everything opened is closed by `cleanup`. With
+    `worker_dns_refresh_s` > 0 a worker host name stands for all its DNS addresses, looked up
+    again that often (discovery.py); with 0 gRPC is given the addresses as they are."""
+    if worker_dns_refresh_s > 0:
+        pool = WorkerPool({}, security=security, breaker=breaker)
+        cleanup.push_async_callback(pool.close)
+        discovery = WorkerDiscovery(pool, workers, refresh_s=worker_dns_refresh_s)
+        cleanup.push_async_callback(discovery.close)
+        await discovery.start()
+    else:
+        pool = WorkerPool(workers, security=security, breaker=breaker)
+        cleanup.push_async_callback(pool.close)
     collector = WorkerStatsCollector(pool)
     prometheus_client.REGISTRY.register(collector)
     cleanup.callback(prometheus_client.REGISTRY.unregister, collector)

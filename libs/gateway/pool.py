@@ -10,6 +10,7 @@ the probes that bring an open worker back after the cool-down.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,14 +71,34 @@ class WorkerPool:
         self._poll_timeout_s = poll_timeout_s
         self._breaker = breaker or BreakerConfig()
         self._clock = clock  # the breakers' (tests step it)
+        self._security = security
         self.endpoints: list[Endpoint] = []
+        # Retired (libs/gateway/discovery.py) but with requests still running: closed once idle.
+        self.retiring: list[Endpoint] = []
         # Called (with no argument) after each poll round and on each breaker transition.
         self.listeners: list[Callable[[], None]] = []
         for role, role_addresses in addresses.items():
             for address in role_addresses:
-                channel = open_channel(address, security=security)
-                self.add(address, role, worker_pb2_grpc.WorkerStub(channel), channel)
+                self.connect(address, role)
         self._task: asyncio.Task[None] | None = None
+
+    def connect(self, address: str, role: str, server_name: str | None = None) -> Endpoint:
+        """A new endpoint with its own channel to `address`; `server_name` is the name a TLS
+        certificate is checked against when `address` was resolved from it."""
+        security = self._security
+        if security is not None and security.tls and server_name and not security.server_name:
+            security = dataclasses.replace(security, server_name=server_name)
+        channel = open_channel(address, security=security)
+        endpoint = self.add(address, role, worker_pb2_grpc.WorkerStub(channel), channel)
+        self._changed()  # waiting requests may go to it once it answers a poll
+        return endpoint
+
+    def retire(self, endpoint: Endpoint) -> None:
+        """No new request goes to `endpoint`; requests already on it finish, then its
+        channel closes (checked at each poll round)."""
+        self.endpoints.remove(endpoint)
+        self.retiring.append(endpoint)
+        self._changed()  # waiters no remaining worker can serve are refused now
 
     def add(self, address: str, role: str, stub: Any, channel: grpc.aio.Channel | None = None) -> Endpoint:
         """An endpoint with this pool's breaker settings (tests pass in-memory stubs)."""
@@ -116,7 +137,13 @@ class WorkerPool:
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll(e) for e in self.endpoints))
+        await self._close_idle_retired()
         self._changed()
+
+    async def _close_idle_retired(self) -> None:
+        idle = [e for e in self.retiring if e.admitted == 0]
+        self.retiring = [e for e in self.retiring if e.admitted > 0]
+        await asyncio.gather(*(e.channel.close() for e in idle if e.channel is not None))
 
     async def _poll(self, endpoint: Endpoint) -> None:
         try:
@@ -155,5 +182,5 @@ class WorkerPool:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        channels = [e.channel for e in self.endpoints if e.channel is not None]
+        channels = [e.channel for e in self.endpoints + self.retiring if e.channel is not None]
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)

@@ -16,6 +16,7 @@ from libs.gateway import request_limits
 from libs.gateway.admission import AdmissionConfig
 from libs.gateway.auth import ApiKeys
 from libs.gateway.breaker import BreakerConfig
+from libs.gateway.discovery import DEFAULT_REFRESH_S as DEFAULT_DNS_REFRESH_S
 from libs.gateway.edge import HttpEdge
 from libs.gateway.http_limits import DEFAULT_MAX_BODY_BYTES
 from libs.gateway.migration import DEFAULT_LIMIT as DEFAULT_MIGRATION_LIMIT
@@ -47,6 +48,13 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     prefill_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running prefill workers")
     decode_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running decode workers")
     pd_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running colocated workers")
+    worker_dns_refresh_s: float = flag(
+        DEFAULT_DNS_REFRESH_S,
+        codec=FLOAT,
+        help="seconds between DNS lookups of the worker host names given: each name stands for "
+        "every address it resolves to (compose --scale, a Kubernetes headless Service), added "
+        "and retired without a restart; 0 = hand the addresses to gRPC as given",
+    )
     routing: str = flag("least_load", codec=choice(sorted(POLICIES)), help="routing policy")
     # Not rendered to children (GrpcSecurityFlags is): the gateway makes the token they get.
     grpc_stack_token: bool = flag(
@@ -143,6 +151,7 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
             ("--request-timeout", self.request_timeout_s),
             ("--queue-timeout", self.queue_timeout_s),
             ("--breaker-cooldown", self.breaker_cooldown_s),
+            ("--worker-dns-refresh-s", self.worker_dns_refresh_s),
         ):
             if not value >= 0:  # also refuses nan
                 raise ConfigError(name, value, "a number of seconds >= 0")

@@ -77,6 +77,8 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             breaker=config.breaker(),
             admission=config.admission(),
             request_timeout_s=config.request_timeout_s,
+            # The local stack's workers listen on IP literals: nothing to look up.
+            worker_dns_refresh_s=0.0 if config.launches_stack else config.worker_dns_refresh_s,
         )
         state = GatewayState(
             parts.served_model,

@@ -101,6 +101,15 @@ def test_qaic_disagg_flags_parse() -> None:
         ],
         ["--migration-limit", "0"],
         [
+            "--tokenizer",
+            "tokenizer:50051",
+            "--decode-workers",
+            "decode:50061",
+            "--worker-dns-refresh-s",
+            "2.5",
+        ],
+        ["--worker-dns-refresh-s", "0"],
+        [
             "--restart-limit",
             "0",
             "--restart-window-s",
@@ -233,3 +242,9 @@ def test_restart_flags_make_the_local_stacks_policy_and_refuse_non_positive_wait
         parse_args(["--restart-backoff-s", "0"])
     with pytest.raises(ConfigError, match="--restart-limit"):
         parse_args(["--restart-limit", "-1"])
+
+
+def test_worker_dns_refresh_defaults_to_a_few_seconds_and_refuses_negatives() -> None:
+    assert parse_args([]).worker_dns_refresh_s == 5.0
+    with pytest.raises(ConfigError, match="--worker-dns-refresh-s"):
+        parse_args(["--worker-dns-refresh-s", "-1"])
