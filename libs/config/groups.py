@@ -50,6 +50,11 @@ class ModelFlags:
     model_cache_dir: Path = flag(
         DEFAULT_CACHE_DIR / "models", codec=PATH, help="where models converted from GGUF are kept"
     )
+    allow_model_download: bool = flag(
+        False,
+        help="download a hub id (org/name) missing from the local Hugging Face cache "
+        "(off: never go online; HF_HUB_OFFLINE=1 also forbids it)",
+    )
     max_model_len: int | None = flag(
         None, codec=POSITIVE_INT, help="context length, prompt + generated tokens (default: the model's own)"
     )

@@ -15,7 +15,11 @@ GGUF_MAGIC = b"GGUF"
 
 
 def resolve_model(
-    model: str, cache_dir: Path, progress: bool = True, hub_cache_dir: Path | None = None
+    model: str,
+    cache_dir: Path,
+    progress: bool = True,
+    hub_cache_dir: Path | None = None,
+    allow_download: bool = False,
 ) -> ResolvedModel:
     """Resolve `model` to a local Hugging Face-format folder, converting GGUF files once.
 
@@ -27,7 +31,9 @@ def resolve_model(
         reused on later calls;
       - a hub id (``org/name``) already in the local Hugging Face cache (`hub_cache_dir`, by
         default huggingface_hub's own: ``HF_HUB_CACHE`` or ``HF_HOME``/hub): its snapshot.
-    Anything else raises ModelNotFoundError. Nothing is ever downloaded from a model hub.
+    With `allow_download` a hub id missing from that cache is downloaded into it (huggingface_hub
+    does the work and honours ``HF_HUB_OFFLINE`` and ``HF_TOKEN``); without it nothing ever
+    goes online. Anything else raises ModelNotFoundError.
     `progress` shows a progress bar on stderr while converting.
     """
     builtin = BUILTIN_MODELS.get(model)
@@ -59,11 +65,32 @@ def resolve_model(
         snapshot = _hub_snapshot(model, hub_cache_dir)
         if snapshot is not None:
             return _resolved(model, snapshot, model, ModelOrigin.HUB_CACHE, snapshot)
+        cache = hub_cache_dir or "HF_HUB_CACHE / HF_HOME"
+        if allow_download:
+            snapshot = _hub_download(model, hub_cache_dir)
+            return _resolved(model, snapshot, model, ModelOrigin.HUB_CACHE, snapshot)
         problem += (
-            " and the hub id is not in the local Hugging Face cache "
-            f"({hub_cache_dir or 'HF_HUB_CACHE / HF_HOME'}); download it there first"
+            f" and the hub id is not in the local Hugging Face cache ({cache}); download it there "
+            "first, or pass --allow-model-download"
         )
     raise _not_found(model, problem)
+
+
+def _hub_download(model: str, hub_cache_dir: Path | None) -> Path:
+    """Downloads a hub id into the Hugging Face cache; any failure (no network, unknown or
+    gated repository, HF_HUB_OFFLINE) is a ModelNotFoundError that says what went wrong."""
+    from huggingface_hub import snapshot_download
+
+    log.info("models.downloading", model=model, cache=str(hub_cache_dir or "default"))
+    try:
+        folder = Path(snapshot_download(model, cache_dir=hub_cache_dir))
+    except Exception as error:  # every cause (network, gated repo, offline mode) is reported alike
+        raise _not_found(
+            model, f"downloading it from the hub failed ({type(error).__name__}: {error})"
+        ) from error
+    if not (folder / "config.json").is_file():
+        raise _not_found(model, f"the downloaded snapshot {folder} has no config.json")
+    return folder
 
 
 def _hub_snapshot(model: str, hub_cache_dir: Path | None) -> Path | None:
@@ -100,7 +127,7 @@ def _not_found(model: str, problem: str) -> ModelNotFoundError:
         f"Cannot use model {model!r}: {problem}. Expected a built-in model name ({names}), "
         "a local Hugging Face model folder containing config.json (with safetensors weights and "
         "tokenizer files), a local .gguf file, or a hub id already in the local Hugging Face "
-        "cache. Models are never downloaded from a hub: download it yourself first."
+        "cache (downloaded only with --allow-model-download)."
     )
 
 

@@ -130,7 +130,9 @@ async def launch(
     The stack restarts crashed children by the config's --restart-* policy from then on.
     Every child gets `security`'s flags: it serves, and calls the others, with them."""
     stack.restart_policy = config.restart_policy
-    resolved = resolve_model(config.model, config.model_cache_dir, progress=True)
+    resolved = resolve_model(
+        config.model, config.model_cache_dir, progress=True, allow_download=config.allow_model_download
+    )
     served = config.served_model_name or resolved.served_name
     config = replace(config, model=str(resolved.path), served_model_name=served)
     tokenizer = compose(

@@ -29,7 +29,9 @@ log = structlog.get_logger("cleave.tokenizer")
 def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
     """Everything that can fail on a bad --model, done before any port is bound (a tokenizer
     loads in seconds; only a first GGUF conversion takes longer)."""
-    resolved = resolve_model(process.model, process.model_cache_dir, progress=True)
+    resolved = resolve_model(
+        process.model, process.model_cache_dir, progress=True, allow_download=process.allow_model_download
+    )
     tokenizer = Tokenizer.from_config(TokenizerFiles(path=resolved.path))
     return TokenizerServicer(
         tokenizer,

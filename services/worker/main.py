@@ -43,13 +43,20 @@ EXIT_ENGINE_DIED = 3
 def resolved(config: WorkerConfig) -> WorkerConfig:
     """`--model` and a speculative draft model as folders, the served name filled in, a NIXL
     side-channel port chosen."""
-    model = resolve_model(config.model, config.model_cache_dir, progress=True)
+    model = resolve_model(
+        config.model, config.model_cache_dir, progress=True, allow_download=config.allow_model_download
+    )
     # NIXL's side channel is bound by vLLM itself, after the model loads, on a port it must
     # be told in advance: the one port Cleave cannot bind first (see libs/rpc/ports.py).
     kv_port = config.kv_port or (free_port() if config.transfers_kv else 0)
     speculative = config.speculative
     if speculative is not None and speculative.draft_model is not None:
-        draft = resolve_model(speculative.draft_model, config.model_cache_dir, progress=True)
+        draft = resolve_model(
+            speculative.draft_model,
+            config.model_cache_dir,
+            progress=True,
+            allow_download=config.allow_model_download,
+        )
         speculative = speculative.with_draft_model(str(draft.path))
     return replace(
         config,

@@ -284,7 +284,7 @@ def assert_explains(error: ModelNotFoundError, given: str) -> None:
     assert isinstance(error, ValueError)
     assert repr(given) in message  # what was given
     assert "'smollm2'" in message and "config.json" in message and ".gguf" in message  # expected
-    assert "never downloaded" in message  # and that hubs are not an option
+    assert "--allow-model-download" in message  # and how a hub id would be fetched
 
 
 def test_missing_path_is_explained(tmp_path: Path) -> None:
@@ -325,6 +325,55 @@ def test_cached_hub_id_resolves_offline_to_its_snapshot(
     resolved = resolve_model("meta-llama/Llama-3.2-1B-Instruct", tmp_path / "models", hub_cache_dir=hub)
     assert resolved.path == snapshot and resolved.origin is ModelOrigin.HUB_CACHE
     assert resolved.served_name == "meta-llama/Llama-3.2-1B-Instruct"  # as vLLM names it
+
+
+class FakeHub:
+    """Stands in for huggingface_hub.snapshot_download: nothing cached; a download either
+    fills the cache from `source` or fails as an unreachable hub does."""
+
+    def __init__(self, source: Path, error: Exception | None = None) -> None:
+        self.source, self.error = source, error
+        self.downloads: list[tuple[str, Path | None]] = []
+
+    def __call__(self, repo_id: str, *, cache_dir: Path | None = None, local_files_only: bool = False) -> str:
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        if local_files_only:
+            raise LocalEntryNotFoundError("not cached")
+        self.downloads.append((repo_id, cache_dir))
+        if self.error is not None:
+            raise self.error
+        assert cache_dir is not None
+        return str(make_hub_cache(cache_dir, repo_id, self.source))
+
+
+def test_an_uncached_hub_id_is_downloaded_only_when_allowed(
+    tmp_path: Path, converted_tiny: ResolvedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    hub, given = tmp_path / "hub", "org/tiny"
+    fake = FakeHub(converted_tiny.path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    with pytest.raises(ModelNotFoundError, match="--allow-model-download"):
+        resolve_model(given, tmp_path / "models", hub_cache_dir=hub)
+    assert fake.downloads == []
+    resolved = resolve_model(given, tmp_path / "models", hub_cache_dir=hub, allow_download=True)
+    assert fake.downloads == [(given, hub)]
+    assert resolved.origin is ModelOrigin.HUB_CACHE and (resolved.path / "config.json").is_file()
+
+
+def test_a_failed_download_says_why(
+    tmp_path: Path, converted_tiny: ResolvedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    fake = FakeHub(converted_tiny.path, error=ConnectionError("hub unreachable"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    with pytest.raises(
+        ModelNotFoundError, match=r"downloading it from the hub failed \(ConnectionError: hub unreachable"
+    ):
+        resolve_model("org/tiny", tmp_path / "models", hub_cache_dir=tmp_path / "hub", allow_download=True)
 
 
 def test_folder_without_config_is_explained(tmp_path: Path) -> None:
