@@ -6,21 +6,28 @@ prompt the model was never trained on) and turning template errors into
 ValueErrors the API layer can report as a bad request.
 """
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from jinja2.exceptions import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-# Roles every ChatML-style template understands. Tool calling is not supported
-# yet; accepting "tool" without its extra fields would render broken prompts.
+# Roles every ChatML-style template understands. Other roles are passed to the template as
+# vLLM's chat utils pass them (a custom role is the template's to render or refuse).
 CHAT_ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+# apply_chat_template's own arguments, which a request's template kwargs may not replace.
+_RESERVED_KWARGS = frozenset(
+    {"conversation", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message"}
+)
 
 
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
+    # The message's other fields (vLLM gives a template every field of a message).
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def validate_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
@@ -31,10 +38,8 @@ def validate_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     for index, message in enumerate(messages):
         if not isinstance(message, ChatMessage):
             raise ValueError(f"messages[{index}] must be a ChatMessage, got {type(message).__name__}")
-        if message.role not in CHAT_ROLES:
-            raise ValueError(
-                f"messages[{index}] has unknown role {message.role!r}; expected one of {sorted(CHAT_ROLES)}"
-            )
+        if not isinstance(message.role, str) or not message.role:
+            raise ValueError(f"messages[{index}] has no role; common roles are {sorted(CHAT_ROLES)}")
         # Dataclasses do not enforce annotations at runtime, and request JSON
         # can carry lists (multimodal parts) or null here.
         if not isinstance(message.content, str):
@@ -42,7 +47,7 @@ def validate_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
                 f"messages[{index}] ({message.role}) content must be a string, "
                 f"got {type(message.content).__name__}"
             )
-        converted.append({"role": message.role, "content": message.content})
+        converted.append({**message.extra, "role": message.role, "content": message.content})
     return converted
 
 
@@ -53,6 +58,8 @@ def render_chat(
     *,
     add_generation_prompt: bool,
     source: str,
+    continue_final_message: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """Renders messages to prompt text; `source` names the tokenizer in errors."""
     if chat_template is None:
@@ -61,12 +68,21 @@ def render_chat(
             "set TokenizerConfig.chat_template to render chat requests"
         )
     conversation = validate_messages(messages)
+    kwargs = dict(template_kwargs or {})
+    reserved = sorted(_RESERVED_KWARGS & kwargs.keys())
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {reserved}")
+    if continue_final_message and conversation[-1]["role"] != "assistant":
+        # transformers' own check, with the API's name for it.
+        raise ValueError("continue_final_message needs the last message to be an assistant message")
     try:
         rendered = hf_tokenizer.apply_chat_template(
             conversation,
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             tokenize=False,
+            **kwargs,
         )
     except TemplateError as error:
         # Templates reject e.g. non-alternating roles via raise_exception().

@@ -5,9 +5,10 @@ hub at run time, and a missing file should fail at startup, not mid-request.
 """
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
@@ -118,13 +119,22 @@ class Tokenizer:
             raise TypeError(f"decode returned {type(text).__name__}, not str")
         return text
 
-    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """Renders messages with the model's chat template; raises ValueError on bad input."""
         return render_chat(
             self._hf,
             self._chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
             source=self._source,
         )
 

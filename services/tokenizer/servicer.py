@@ -9,8 +9,9 @@ streaming detokenizer's per-token work stays on the event loop: microseconds a t
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -24,6 +25,7 @@ from libs.rpc.errors import FailedPrecondition, InvalidRequest
 from libs.rpc.server import ServiceBinding
 from libs.tokenization import ChatMessage, Tokenizer
 from libs.tokenization.offload import TokenizerThreads
+from libs.tokenization.tools import message_tool_fields, tool_dicts
 from services.tokenizer.stream import DetokenizeSession, check_token_ids
 
 log = structlog.get_logger(__name__)
@@ -59,8 +61,37 @@ def chat_messages(messages: Sequence[tokenizer_pb2.ChatMessage]) -> list[ChatMes
         # vLLM joins a message's text parts with newlines before templating; do the same so
         # a prompt renders to the same ids on either stack. `name` is dropped: ChatML
         # templates (SmolLM2's included) do not render it.
-        converted.append(ChatMessage(role=message.role, content="\n".join(texts)))
+        converted.append(
+            ChatMessage(
+                role=message.role,
+                content="\n".join(texts),
+                extra={
+                    **_json_object(message.extra_json, where=f"messages[{index}]"),
+                    **_tool_fields(message, index),
+                },
+            )
+        )
     return converted
+
+
+def _tool_fields(message: tokenizer_pb2.ChatMessage, index: int) -> dict[str, Any]:
+    try:
+        return message_tool_fields(message.tool_calls, message.tool_call_id)
+    except ValueError as error:
+        raise InvalidRequest(f"messages[{index}]: {error}") from None
+
+
+def _json_object(text: str, *, where: str) -> dict[str, Any]:
+    """An optional JSON object field of a request ({} when empty)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise InvalidRequest(f"{where}: not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{where}: expected a JSON object")
+    return value
 
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
@@ -99,19 +130,33 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             raise FailedPrecondition(
                 f"model {self._model!r} has no chat template; send a plain prompt (Tokenize) instead"
             )
-        if request.continue_final_message:
-            # libs.tokenization.render_chat has no continue_final_message yet; refusing beats
-            # silently opening a new assistant turn.
-            raise InvalidRequest("continue_final_message is not supported yet")
+        if request.continue_final_message and request.add_generation_prompt:
+            raise InvalidRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
         messages = chat_messages(request.messages)
+        kwargs = _json_object(request.chat_template_kwargs_json, where="chat_template_kwargs")
         try:
-            prompt = tokenizer.render_chat(messages, add_generation_prompt=request.add_generation_prompt)
+            tools = tool_dicts(request.tools_json)
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from None
+        if tools is not None:
+            # As vLLM passes them: apply_chat_template(tools=...), which the template renders.
+            kwargs = {**kwargs, "tools": tools}
+        try:
+            prompt = tokenizer.render_chat(
+                messages,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                template_kwargs=kwargs,
+            )
         except ValueError as error:  # bad roles/content, or the template's raise_exception()
             raise InvalidRequest(str(error)) from error
         # The rendered text already holds the template's special tokens (bos included where
         # the template writes it): adding them again would double bos. vLLM's chat path
         # tokenizes with add_special_tokens=False too, so the engine sees the same ids.
-        token_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        # `add_special_tokens` (vLLM's chat option, off by default) adds them anyway.
+        token_ids = tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)
         return tokenizer_pb2.RenderChatResponse(prompt=prompt, token_ids=token_ids, num_images=0)
 
     async def Tokenize(

@@ -97,8 +97,7 @@ async def test_render_chat_joins_text_parts_with_newlines(stub: Stub) -> None:
         ([], "at least one message"),
         ([pb.ChatMessage(role="user", content=[pb.ContentPart(image=b"\x89PNG")])], "needs an encoder"),
         ([pb.ChatMessage(role="user", content=[pb.ContentPart()])], "messages[0].content[0] is empty"),
-        (chat([("robot", "beep")]), "unknown role 'robot'"),
-        (chat([("tool", "{}")]), "unknown role 'tool'"),
+        (chat([("", "beep")]), "has no role"),
     ],
 )
 async def test_render_chat_rejects_bad_messages(
@@ -108,10 +107,32 @@ async def test_render_chat_rejects_bad_messages(
     assert needle in details
 
 
-async def test_render_chat_refuses_continue_final_message(stub: Stub) -> None:
+async def test_render_chat_continues_the_final_message(stub: Stub) -> None:
     messages = chat([("user", "Hi"), ("assistant", "Hel")])
-    details = await expect_invalid(render(stub, messages, continue_final_message=True))
+    response = await render(stub, messages, continue_final_message=True)
+    # vLLM's continue_final_message: the assistant turn stays open, ending in its text.
+    assert response.prompt.endswith("<|im_start|>assistant\nHel")
+    details = await expect_invalid(
+        render(stub, messages, continue_final_message=True, add_generation_prompt=True)
+    )
     assert "continue_final_message" in details
+
+
+async def test_render_chat_custom_roles_extra_fields_and_template_kwargs(stub: Stub) -> None:
+    # vLLM's chat utils pass any role and any message field to the template; ChatML renders
+    # the role as written.
+    custom = await render(stub, chat([("user", "Hi"), ("tool_result", "42")]))
+    assert "<|im_start|>tool_result\n42<|im_end|>" in custom.prompt
+    extra = pb.ChatMessage(role="user", content=[pb.ContentPart(text="Hi")], extra_json='{"name": "ann"}')
+    assert (await render(stub, [extra])).prompt == (await render(stub, chat([("user", "Hi")]))).prompt
+    kwargs = await render(stub, chat([("user", "Hi")]), chat_template_kwargs_json='{"some_flag": true}')
+    assert kwargs.prompt == (await render(stub, chat([("user", "Hi")]))).prompt
+    bad = await expect_invalid(
+        render(stub, chat([("user", "Hi")]), chat_template_kwargs_json='{"tokenize": true}')
+    )
+    assert "tokenize" in bad
+    special = await render(stub, chat([("user", "Hi")]), add_special_tokens=True)
+    assert len(special.token_ids) >= len((await render(stub, chat([("user", "Hi")]))).token_ids)
 
 
 @pytest.mark.parametrize("text", ["Hello world", "Emoji 😀 and 你好世界, tabs\tand\nnewlines", ""])
