@@ -109,6 +109,16 @@ class KvStoreClientFlags:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolParserFlags:
+    # vLLM's flag and name: the tokenizer service parses `tool_choice: auto` answers with it.
+    tool_call_parser: str | None = flag(
+        None,
+        help="vLLM's tool parser for `tool_choice: auto` answers (e.g. hermes, llama3_json); "
+        "needed by --enable-auto-tool-choice",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class GrpcSecurityFlags:
     """Who may call Cleave's gRPC services, for every server and for the channels a service
     opens to the others. Only file paths are flags (argv is readable by every local user);

@@ -9,7 +9,14 @@ from pathlib import Path
 from libs.config.codecs import BYTES, NON_NEGATIVE_INT, PORT
 from libs.config.errors import ConfigError
 from libs.config.flags import FLOAT, PATH, Codec, flag, group
-from libs.config.groups import DEFAULT_CACHE_DIR, EngineFlags, LoggingFlags, ModelFlags, RoleFlags
+from libs.config.groups import (
+    DEFAULT_CACHE_DIR,
+    EngineFlags,
+    LoggingFlags,
+    ModelFlags,
+    RoleFlags,
+    ToolParserFlags,
+)
 from libs.config.values import check_disjoint
 from libs.stack.restarts import RestartPolicy
 from libs.stack.topology import Topology, parse_mode
@@ -26,7 +33,7 @@ class StackRole(RoleFlags):
 
 
 @dataclass(frozen=True, kw_only=True)
-class StackConfig(LoggingFlags, ModelFlags, EngineFlags):
+class StackConfig(LoggingFlags, ModelFlags, EngineFlags, ToolParserFlags):
     cache_dir: Path = flag(DEFAULT_CACHE_DIR, codec=PATH, help="local stack: converted models and logs")
     mode: Topology = flag(
         parse_mode("1p1d"),

@@ -18,7 +18,14 @@ from pathlib import Path
 import structlog
 
 from libs.config.flags import compose
-from libs.config.groups import EngineFlags, GrpcSecurityFlags, LoggingFlags, ModelFlags, RoleFlags
+from libs.config.groups import (
+    EngineFlags,
+    GrpcSecurityFlags,
+    LoggingFlags,
+    ModelFlags,
+    RoleFlags,
+    ToolParserFlags,
+)
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.models.resolve import resolve_model
@@ -131,14 +138,25 @@ async def launch(
     Every child gets `security`'s flags: it serves, and calls the others, with them."""
     stack.restart_policy = config.restart_policy
     resolved = resolve_model(
+def tokenizer_config(
+    config: StackConfig,
+    security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
+) -> TokenizerServerConfig:
+    """The tokenizer child's config: the stack's model, logging, security and tool parser."""
+    return compose(
+        TokenizerServerConfig,
+        (config, ModelFlags),
+        (config, LoggingFlags),
+        (security, GrpcSecurityFlags),
+        (config, ToolParserFlags),
+    )
+
+
         config.model, config.model_cache_dir, progress=True, allow_download=config.allow_model_download
     )
     served = config.served_model_name or resolved.served_name
     config = replace(config, model=str(resolved.path), served_model_name=served)
-    tokenizer = compose(
-        TokenizerServerConfig, (config, ModelFlags), (config, LoggingFlags), (security, GrpcSecurityFlags)
-    )
-    stack.start("tokenizer", "tokenizer", "services.tokenizer.main", tokenizer)
+    stack.start("tokenizer", "tokenizer", "services.tokenizer.main", tokenizer_config(config, security))
     kvstore_address = _start_kvstore(config, stack, security)
     config = with_default_groups(config, usable_cores())
     topology = config.mode

@@ -10,6 +10,24 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 
+class ParsedCallLike(Protocol):
+    id: str
+    name: str
+    arguments: str
+
+
+class ParsedToolCallsLike(Protocol):
+    tools_called: bool
+    calls: Sequence[ParsedCallLike]
+    content: str
+
+
+class ToolCallParser(Protocol):
+    """vllm_tool_parsing.VllmToolCallParser, as the tokenizer service uses it."""
+
+    def parse(self, text: str, tools_json: str, hf_tokenizer: Any) -> ParsedToolCallsLike: ...
+
+
 class ToolCallLike(Protocol):
     id: str
     name: str

@@ -145,6 +145,12 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     api_key_file: Path | None = flag(None, codec=PATH, help="a file of API keys, one per line")
     auth_health: bool = flag(False, help="require the API key on /health, /ready and /metrics too")
 
+    # vLLM's flag: `tool_choice: auto` (also implied by tools without a tool_choice) is parsed
+    # by --tool-call-parser in the tokenizer service; without it such requests are a 400.
+    enable_auto_tool_choice: bool = flag(
+        False, help="serve `tool_choice: auto` (needs --tool-call-parser; libs/gateway/tools.py)"
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         for name, value in (
@@ -155,6 +161,9 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
         ):
             if not value >= 0:  # also refuses nan
                 raise ConfigError(name, value, "a number of seconds >= 0")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            # vLLM's rule (its message: "--enable-auto-tool-choice requires --tool-call-parser").
+            raise ConfigError("--tool-call-parser", None, "a tool parser name with --enable-auto-tool-choice")
         if not self.launches_stack and not self.tokenizer:
             raise ConfigError(
                 "--tokenizer", None, "the tokenizer service's address when worker addresses are given"

@@ -10,10 +10,12 @@ from libs.stack.config import StackConfig
 from libs.stack.local import (
     kvstore_config,
     split_cores,
+    tokenizer_config,
     with_default_groups,
     worker_config,
     write_stack_token,
 )
+from libs.tokenization.server_config import TokenizerServerConfig
 from libs.worker.config import Role, WorkerConfig
 
 
@@ -92,3 +94,10 @@ def test_a_stack_token_is_random_and_readable_by_this_user_only(tmp_path: Path) 
     first, second = write_stack_token(tmp_path / "a"), write_stack_token(tmp_path / "b")
     assert stat.S_IMODE(first.stat().st_mode) == 0o600
     assert len(first.read_text()) >= 32 and first.read_text() != second.read_text()
+
+
+def test_the_tool_call_parser_reaches_the_tokenizer() -> None:
+    config = parse(StackConfig, ["--tool-call-parser", "hermes"])
+    tokenizer = tokenizer_config(config)
+    assert parse(TokenizerServerConfig, render(tokenizer)).tool_call_parser == "hermes"
+    assert tokenizer_config(parse(StackConfig, [])).tool_call_parser is None

@@ -248,3 +248,12 @@ def test_worker_dns_refresh_defaults_to_a_few_seconds_and_refuses_negatives() ->
     assert parse_args([]).worker_dns_refresh_s == 5.0
     with pytest.raises(ConfigError, match="--worker-dns-refresh-s"):
         parse_args(["--worker-dns-refresh-s", "-1"])
+
+
+def test_auto_tool_choice_is_vllms_pair_of_flags() -> None:
+    config = parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    assert config.enable_auto_tool_choice and config.tool_call_parser == "hermes"
+    assert parse_args(render(config)) == config
+    assert parse_args([]).tool_call_parser is None and not parse_args([]).enable_auto_tool_choice
+    with pytest.raises(ConfigError, match="--tool-call-parser"):
+        parse_args(["--enable-auto-tool-choice"])
