@@ -24,6 +24,7 @@ from libs.gateway.deadline import NO_DEADLINE, Deadline
 class DetokenizedText:
     text: str
     stopped: bool = False  # a stop string matched: the sequence is over
+    matched_stop: str = ""  # which one (vLLM's stop_reason)
     complete: bool = False
 
 
@@ -36,6 +37,7 @@ class SequenceDetokenizer:
         prompt_tail: Sequence[int],
         stops: Sequence[str],
         skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
         deadline: Deadline = NO_DEADLINE,
     ) -> None:
         self._requests: asyncio.Queue[tokenizer_pb2.DetokenizeStreamRequest | None] = asyncio.Queue()
@@ -44,6 +46,7 @@ class SequenceDetokenizer:
             prompt_tail_token_ids=list(prompt_tail),
             stop=list(stops),
             skip_special_tokens=skip_special_tokens,
+            include_stop_str_in_output=include_stop_str_in_output,
         )
         self._requests.put_nowait(tokenizer_pb2.DetokenizeStreamRequest(start=start))
         # The request's deadline bounds the stream: it ends with the request's time.
@@ -90,7 +93,10 @@ class SequenceDetokenizer:
         self.done = True
         self._requests.put_nowait(None)
         if kind == "complete":
-            return DetokenizedText(response.complete.text, stopped=response.complete.stopped, complete=True)
+            complete = response.complete
+            return DetokenizedText(
+                complete.text, stopped=complete.stopped, matched_stop=complete.matched_stop, complete=True
+            )
         # Refused mid-stream: the output tokens, which came from the engine, not the client.
         raise errors.ApiError(
             500, f"tokenizer error: {response.error.message}", type_="server_error", code="tokenizer_error"

@@ -1,6 +1,8 @@
 """Request bodies of the OpenAI completions and chat completions APIs, validated.
 
-Unknown fields are refused (extra="forbid") rather than silently ignored; fields the API
+Unknown fields follow vLLM's policy (its OpenAIBaseModel): accepted, ignored, logged. The
+fields of vLLM's request models Cleave does not implement are listed, with the reason, in
+libs/gateway/vllm_fields.py, and refused (400 naming the field) when set; fields the API
 has but Cleave does not implement yet are refused with a clear message in `unsupported_fields`.
 Ranges are checked here, at the edge, as vLLM's OpenAI server checks them: a value that
 passes is one the workers' contract can carry (seed in int64, token ids in int32) and the
@@ -13,6 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from libs.gateway.structured import ResponseFormat, StructuredOutputsIn, check_constraints
+from libs.gateway.tools import ToolChoice, ToolParam
+
 INT32_MAX = 2**31 - 1
 # vLLM's OpenAI server accepts any seed torch's generators take: a signed 64-bit integer.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -24,7 +29,8 @@ CACHE_SALT_FORBIDDEN_CHARS = frozenset("@/\\\x00")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # vLLM's policy: extra fields are accepted (and ignored, with a warning: vllm_fields.py).
+    model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="before")
     @classmethod
@@ -40,10 +46,26 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCallIn(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    # Any role, and any other field, goes to the chat template as vLLM's chat utils pass them
+    # (a custom role such as "tool_result" is the template's to render or refuse).
+    role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # An assistant message's calls and a `tool` message's answer, for the template.
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -84,11 +106,27 @@ class _SamplingFields(_Strict):
     # the same salt (engine prefix caches and the kvstore), so other tenants cannot learn
     # from cache hits which prompts were sent. Should be random and secret per tenant.
     cache_salt: str | None = None
-    # Fields of the API that are refused until implemented (see unsupported_fields).
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    # vLLM's sampling extensions (its "extra params"): what the engine or the tokenizer does.
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    # Keep only the prompt's last k tokens (-1: as many as the context takes), as vLLM.
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=SEED_MAX)] | None = None
+    allowed_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
+    bad_words: list[str] = Field(default_factory=list)
+    prompt_logprobs: int | None = None
+    # vLLM accepts it in int64 and its default FCFS scheduler ignores it; so does Cleave's FIFO.
+    priority: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] = 0
+    # The client's id for the request: the response's id and every worker call's.
+    request_id: str | None = None
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    # Structured output (libs/gateway/structured.py). The legacy `functions`/`function_call`
+    # are not fields of vLLM's request either: unknown fields, ignored with a warning.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsIn | None = None
 
     @field_validator("stream_options", mode="before")
     @classmethod
@@ -98,6 +136,27 @@ class _SamplingFields(_Strict):
         if value and not info.data.get("stream"):
             raise ValueError("Stream options can only be defined when `stream=True`.")
         return value
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_range(self) -> _SamplingFields:
+        # vLLM's checks and messages (check_logprobs).
+        value = self.prompt_logprobs
+        if value is not None:
+            if self.stream and (value > 0 or value == -1):
+                raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+            if value < 0 and value != -1:
+                raise ValueError("`prompt_logprobs` must be a positive value or -1.")
+        if any(not word for word in self.bad_words):
+            raise ValueError("bad_words cannot contain an empty string.")
+        return self
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> _SamplingFields:
+        choice = getattr(self, "tool_choice", None)  # chat only
+        check_constraints(
+            self.structured_outputs, choice if choice is None or isinstance(choice, str) else "named"
+        )
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -128,13 +187,7 @@ class _SamplingFields(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
-        found = []
-        if self.tools or self.functions:
-            found.append(("tool calling", "tools"))
-        if self.tool_choice not in (None, "none"):
-            found.append(("tool_choice", "tool_choice"))
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            found.append(("response_format other than text", "response_format"))
+        found: list[tuple[str, str]] = []
         return found
 
 
@@ -144,6 +197,63 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # vLLM's chat extensions: how the template renders the conversation (libs/tokenization).
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    return_prompt_text: bool | None = None
+    # Tool calling (libs/gateway/tools.py). tool_choice defaults to "none", or "auto" when
+    # tools are given (vLLM's check_tool_usage).
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+
+    @model_validator(mode="after")
+    def _tool_checks(self) -> ChatCompletionRequest:
+        # vLLM's rules and messages (check_tool_usage, check_structured_outputs_count).
+        if self.tools == []:
+            raise ValueError(
+                "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely."
+            )
+        if "tool_choice" not in self.model_fields_set:
+            self.tool_choice = "auto" if self.tools else "none"
+        choice = self.tool_choice
+        if choice not in (None, "none") and self.tools is None:
+            raise ValueError("When using `tool_choice`, `tools` must be set.")
+        named = choice if not isinstance(choice, str) and choice is not None else None
+        if named is not None and not any(tool.function.name == named.function.name for tool in self.tools or []):
+            raise ValueError("The tool specified in `tool_choice` does not match any of the specified `tools`")
+        return self
+
+    @model_validator(mode="after")
+    def _chat_checks(self) -> ChatCompletionRequest:
+        # vLLM's messages (check_generation_prompt, check_logprobs).
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
+        return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """chat_template_kwargs with documents and reasoning_effort merged over them, as vLLM's
+        build_chat_params does (add_generation_prompt and continue_final_message are the
+        request's fields; the tokenizer service sets them)."""
+        user = dict(self.chat_template_kwargs or {})
+        for name in ("chat_template", "tokenize"):
+            if name in user:  # vLLM's resolve_chat_template_kwargs refuses them too
+                raise ValueError(f"Found unexpected chat template kwargs from request: {{{name!r}}}")
+        for name in ("add_generation_prompt", "continue_final_message"):
+            user.pop(name, None)
+        if self.documents is not None:
+            user["documents"] = self.documents
+        if self.reasoning_effort is not None:
+            user["reasoning_effort"] = self.reasoning_effort
+            user.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return user
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -154,6 +264,7 @@ class CompletionRequest(_SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
+    add_special_tokens: bool = True
     suffix: str | None = None
     best_of: int | None = None
 

@@ -62,6 +62,7 @@ class GenerationSpec:
     deadline: Deadline = NO_DEADLINE
     cache_salt: str = ""  # the client's; workers and the kvstore key cached KV by it
     prompt_tokens_details: bool = False  # usage reports cached prompt tokens (responses.usage)
+    include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or token's text
 
     def metadata(self) -> common_pb2.RequestMetadata:
         """What every worker call of this request carries."""
@@ -77,6 +78,7 @@ class SequenceEvent:
     token_ids: list[int]
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or stop string that ended it
 
 
 @dataclass
@@ -84,6 +86,8 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int
+    # One per prompt token when the spec asked for them (the first is an empty entry: none).
+    prompt_logprobs: list[common_pb2.TokenLogprob] | None = None
 
 
 class PrefixLookup(Protocol):
@@ -106,10 +110,10 @@ class MidStreamError(Exception):
 class _Progress:
     """What a request's stream produced so far; kept when the request moves to another worker."""
 
-    detokenizers: dict[int, SequenceDetokenizer]
     open_sequences: set[int]
     completion_tokens: int = 0
     emitted: bool = False
+    prompt_logprobs: list[common_pb2.TokenLogprob] | None = None
 
 
 class Pipeline:
@@ -173,9 +177,9 @@ class Pipeline:
                     yield event
                 return
             for _attempt in range(2):
-                handoff = await self._prefill(spec)
+                handoff, prompt_logprobs = await self._prefill(spec)
                 try:
-                    async for event in self._generate(spec, decode, handoff):
+                    async for event in self._generate(spec, decode, handoff, prompt_logprobs):
                         yield event
                     return
                 except HandoffRejected as error:
@@ -188,7 +192,8 @@ class Pipeline:
         )
 
     async def _kvstore_covers_prompt(self, spec: GenerationSpec) -> bool:
-        if self._prefix_lookup is None:
+        if self._prefix_lookup is None or spec.sampling.HasField("prompt_logprobs"):
+            # Prompt logprobs are the prefill worker's to compute (decode loads the KV).
             return False
         try:
             async with asyncio.timeout(spec.deadline.timeout()):
@@ -199,7 +204,10 @@ class Pipeline:
             raise spec.deadline.exceeded() from None
         return matched > 0 and len(spec.prompt_token_ids) - matched <= self._skip_prefill_max_tail
 
-    async def _prefill(self, spec: GenerationSpec) -> worker_pb2.KvHandoff:
+    async def _prefill(
+        self, spec: GenerationSpec
+    ) -> tuple[worker_pb2.KvHandoff, list[common_pb2.TokenLogprob] | None]:
+        """The handoff (empty when EOS came first) and the prompt's logprobs if asked for."""
         request = worker_pb2.PrefillRequest(
             metadata=spec.metadata(),
             prompt_token_ids=spec.prompt_token_ids,
@@ -231,20 +239,30 @@ class Pipeline:
                         continue
                     raise _api_error(error) from error
                 self._pool.request_succeeded(endpoint)
+            prompt_logprobs = (
+                list(response.prompt_logprobs) if spec.sampling.HasField("prompt_logprobs") else None
+            )
             if not response.HasField("handoff"):
                 # EOS came first: vLLM kept no KV. Decode computes the prompt itself (counted).
-                return worker_pb2.KvHandoff()
-            return response.handoff
+                return worker_pb2.KvHandoff(), prompt_logprobs
+            return response.handoff, prompt_logprobs
         raise errors.no_workers("prefill")
 
     async def _generate(
-        self, spec: GenerationSpec, endpoint: Endpoint, handoff: worker_pb2.KvHandoff | None
+        self,
+        spec: GenerationSpec,
+        endpoint: Endpoint,
+        handoff: worker_pb2.KvHandoff | None,
+        prompt_logprobs: list[common_pb2.TokenLogprob] | None = None,
     ) -> AsyncIterator[SequenceEvent | Finished]:
         request = worker_pb2.GenerateRequest(
             metadata=spec.metadata(),
             prompt_token_ids=spec.prompt_token_ids,
             sampling=spec.sampling,
         )
+        if prompt_logprobs is not None:
+            # The prefill worker computed them; decode, which loads the KV, does not.
+            request.sampling.ClearField("prompt_logprobs")
         if handoff is not None and handoff.transport:
             request.handoff.CopyFrom(handoff)
         detokenizers = {
@@ -253,11 +271,13 @@ class Pipeline:
                 request_id=spec.request_id,
                 prompt_tail=spec.prompt_token_ids[-5:],
                 stops=spec.stops,
+                skip_special_tokens=spec.sampling.skip_special_tokens,
+                include_stop_str_in_output=spec.include_stop_str_in_output,
                 deadline=spec.deadline,
             )
             for i in range(spec.sampling.n or 1)
         }
-        progress = _Progress(detokenizers, set(detokenizers))
+        progress = _Progress(detokenizers, set(detokenizers), prompt_logprobs=prompt_logprobs)
         # A worker failing after tokens were sent hands the request on (libs/gateway/migration.py):
         # the next worker continues it with the same detokenizers and counts.
         migration = Migration(request, limit=self._migration_limit)
@@ -339,28 +359,32 @@ class Pipeline:
                     # A moved request's worker saw a longer prompt; the client's is the original.
                     prompt_tokens = len(spec.prompt_token_ids) if migration.moved else usage.prompt_tokens
                     cached = min(usage.cached_prompt_tokens, prompt_tokens)
-                    yield Finished(prompt_tokens, progress.completion_tokens, cached)
+                    if progress.prompt_logprobs is None and response.complete.prompt_logprobs:
+                        progress.prompt_logprobs = list(response.complete.prompt_logprobs)
+                    yield Finished(
+                        prompt_tokens, progress.completion_tokens, cached, progress.prompt_logprobs
+                    )
                     return
                 chunk = response.chunk
+                if chunk.prompt_logprobs and progress.prompt_logprobs is None:
+                    progress.prompt_logprobs = list(chunk.prompt_logprobs)
                 if chunk.index not in progress.open_sequences:
                     continue
-                detokenized = await progress.detokenizers[chunk.index].feed(chunk.token_ids)
+                event = await self._sequence_event(spec, chunk, progress)
                 migration.record(chunk.index, chunk.token_ids)
-                text = detokenized.text
-                progress.completion_tokens += len(chunk.token_ids)
-                finish = _FINISH.get(chunk.finish_reason)
-                if detokenized.stopped:
-                    finish = "stop"
-                elif finish is not None:
-                    text += (await progress.detokenizers[chunk.index].finish()).text
                 progress.emitted = True
-                yield SequenceEvent(chunk.index, text, list(chunk.token_ids), list(chunk.logprobs), finish)
-                if finish is not None:
+                yield event
+                if event.finish_reason is not None:
                     progress.open_sequences.discard(chunk.index)
                     if not progress.open_sequences:
                         # Stop strings ended every sequence: stop the engine now.
                         call.cancel()
-                        yield Finished(len(spec.prompt_token_ids), progress.completion_tokens, 0)
+                        yield Finished(
+                            len(spec.prompt_token_ids),
+                            progress.completion_tokens,
+                            0,
+                            progress.prompt_logprobs,
+                        )
                         return
             failure = "the decode worker closed the stream without completing"
             raise WorkerFailed(failure) if progress.emitted else MidStreamError(failure)
@@ -377,6 +401,29 @@ class Pipeline:
             raise (WorkerFailed if error.code() in MIGRATING_CODES else MidStreamError)(failure) from error
         finally:
             call.cancel()
+
+    @staticmethod
+    async def _sequence_event(
+        spec: GenerationSpec, chunk: worker_pb2.TokenChunk, progress: _Progress
+    ) -> SequenceEvent:
+        """One chunk's text (stop strings applied), finish and stop reason."""
+        detokenizer = progress.detokenizers[chunk.index]
+        shown = list(chunk.token_ids)
+        stop_token = chunk.stop_token_id if chunk.HasField("stop_token_id") else None
+        if stop_token is not None and shown and not spec.include_stop_str_in_output:
+            shown = shown[:-1]  # vLLM leaves a stop token's text out unless asked
+        detokenized = await detokenizer.feed(shown)
+        text = detokenized.text
+        progress.completion_tokens += len(chunk.token_ids)
+        finish = _FINISH.get(chunk.finish_reason)
+        stop_reason: int | str | None = stop_token
+        if detokenized.stopped:
+            finish, stop_reason = "stop", detokenized.matched_stop
+        elif finish is not None:
+            text += (await detokenizer.finish()).text
+        return SequenceEvent(
+            chunk.index, text, list(chunk.token_ids), list(chunk.logprobs), finish, stop_reason
+        )
 
     async def _release(self, endpoint: Endpoint, request_id: str, handoff: worker_pb2.KvHandoff) -> None:
         try:
@@ -399,6 +446,7 @@ def check_vocabulary(spec: GenerationSpec, vocab_size: int) -> None:
         ("prompt", spec.prompt_token_ids),
         ("logit_bias", sorted(spec.sampling.logit_bias)),
         ("stop_token_ids", list(spec.sampling.stop_token_ids)),
+        ("allowed_token_ids", list(spec.sampling.allowed_token_ids)),
     ]
     for param, ids in fields:
         bad = [t for t in ids if not 0 <= t < vocab_size]

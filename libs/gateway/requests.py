@@ -11,7 +11,11 @@ import grpc.aio
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors
+from libs.gateway.extensions import apply_sampling_extensions, message_extra_json, set_render_options
 from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from libs.gateway.structured import request_constraint
+from libs.gateway.tools import add_tool_fields, tools_json
+from libs.gateway.vllm_fields import check_refused
 
 T = TypeVar("T")
 
@@ -19,6 +23,7 @@ T = TypeVar("T")
 def check_supported(body: _SamplingFields) -> None:
     for feature, param in body.unsupported_fields():
         raise errors.unsupported(feature, param)
+    check_refused(body.model_extra)
 
 
 def sampling_params(
@@ -47,21 +52,35 @@ def sampling_params(
         params.repetition_penalty = body.repetition_penalty
     if logprobs is not None:
         params.logprobs = logprobs
+    structured = request_constraint(body)
+    if structured is not None:
+        params.structured_output.CopyFrom(structured)
     for token, bias in (body.logit_bias or {}).items():
         try:
             params.logit_bias[int(token)] = bias
         except ValueError:
             raise errors.invalid(f"logit_bias keys must be token ids, got {token!r}", "logit_bias") from None
+    apply_sampling_extensions(params, body)
     return params
 
 
 async def chat_prompt(tokenizer: tokenizer_pb2_grpc.TokenizerStub, body: ChatCompletionRequest) -> list[int]:
-    request = tokenizer_pb2.RenderChatRequest(add_generation_prompt=True)
+    return list((await chat_render(tokenizer, body)).token_ids)
+
+
+async def chat_render(
+    tokenizer: tokenizer_pb2_grpc.TokenizerStub, body: ChatCompletionRequest
+) -> tokenizer_pb2.RenderChatResponse:
+    """The conversation rendered by the model's template: its text and token ids."""
+    request = tokenizer_pb2.RenderChatRequest()
+    set_render_options(request, body)
     for message in body.messages:
         role = "system" if message.role == "developer" else message.role
-        request.messages.add(role=role, content=[tokenizer_pb2.ContentPart(text=message.text())])
-    response = await tokenizer.RenderChat(request)
-    return list(response.token_ids)
+        added = request.messages.add(role=role, content=[tokenizer_pb2.ContentPart(text=message.text())])
+        add_tool_fields(added, message)
+        added.extra_json = message_extra_json(message)
+    request.tools_json = tools_json(body.tools)
+    return await tokenizer.RenderChat(request)
 
 
 async def completion_prompts(
@@ -83,7 +102,7 @@ async def completion_prompts(
         if item == "":
             raise errors.invalid("prompt must not be empty", "prompt")
         response = await tokenizer.Tokenize(
-            tokenizer_pb2.TokenizeRequest(text=str(item), add_special_tokens=True)
+            tokenizer_pb2.TokenizeRequest(text=str(item), add_special_tokens=body.add_special_tokens)
         )
         ids.append(list(response.token_ids))
     return ids

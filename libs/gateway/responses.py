@@ -16,6 +16,8 @@ from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors, metrics
 from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, SequenceEvent
 from libs.gateway.pool import Endpoint
+from libs.gateway.response_extras import ChatExtras, echo_entries, prompt_logprobs
+from libs.gateway.tools import ToolCalling
 from libs.observability.logging import bound_request_id
 
 TokenText = Callable[[Sequence[int]], Awaitable[dict[int, str]]]
@@ -28,6 +30,8 @@ class Choice:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it
 
 
 @dataclass
@@ -92,23 +96,32 @@ async def chat_logprobs(
 
 
 async def completion_logprobs(
-    entries: Sequence[common_pb2.TokenLogprob], top: int, token_text: TokenText
+    entries: Sequence[common_pb2.TokenLogprob | int], top: int, token_text: TokenText
 ) -> dict[str, Any]:
-    ids = {e.token_id for e in entries} | {t.token_id for e in entries for t in e.top}
+    """A bare id in `entries` is a token without logprobs (echo's first prompt token)."""
+    logged = [e for e in entries if not isinstance(e, int)]
+    ids = {_token_id(e) for e in entries} | {t.token_id for e in logged for t in e.top}
     texts = await token_text(sorted(ids))
-    tokens = [texts.get(e.token_id, "") for e in entries]
+    tokens = [texts.get(_token_id(e), "") for e in entries]
     offsets, position = [], 0
     for token in tokens:
         offsets.append(position)
         position += len(token)
     return {
         "tokens": tokens,
-        "token_logprobs": [_clamped(e.logprob) for e in entries],
+        "token_logprobs": [None if isinstance(e, int) else _clamped(e.logprob) for e in entries],
         # The sampled token and the `top` best (vLLM keeps entries 0..top of its dict), so
         # logprobs=0 still gives the sampled token's, as vLLM's server does.
-        "top_logprobs": [{texts.get(t, ""): lp for t, lp in _vllm_order(e, top)} for e in entries],
+        "top_logprobs": [
+            None if isinstance(e, int) else {texts.get(t, ""): lp for t, lp in _vllm_order(e, top)}
+            for e in entries
+        ],
         "text_offset": offsets,
     }
+
+
+def _token_id(entry: common_pb2.TokenLogprob | int) -> int:
+    return entry if isinstance(entry, int) else entry.token_id
 
 
 def _vllm_order(entry: common_pb2.TokenLogprob, top: int) -> list[tuple[int, float]]:
@@ -136,6 +149,10 @@ async def collect(generate: Generate, spec: GenerationSpec) -> Generation:
                     choice = choices[event.index]
                     choice.text += event.text
                     choice.logprobs.extend(event.logprobs)
+                    choice.token_ids.extend(event.token_ids)
+                    choice.stop_reason = (
+                        event.stop_reason if event.stop_reason is not None else choice.stop_reason
+                    )
                     choice.finish_reason = event.finish_reason or choice.finish_reason
                 else:
                     metrics.E2E_SECONDS.observe(time.perf_counter() - started)
@@ -158,23 +175,33 @@ async def chat_completion(
     model: str,
     top_logprobs: int | None,
     token_text: TokenText,
+    tools: ToolCalling | None = None,
+    extras: ChatExtras | None = None,
+    prompt_texts: TokenText | None = None,
 ) -> dict[str, Any]:
-    """The chat.completion object; top_logprobs is None when the request asked for no logprobs."""
+    """The chat.completion object; top_logprobs is None when the request asked for no logprobs.
+    `tools`: the request's tool calls taken out of the text (libs/gateway/tools.py).
+    `extras`: vLLM's options' additions (response_extras.py); `prompt_texts` decodes the
+    prompt logprobs' tokens (their decoded_token is text even when token_text gives ids)."""
+    extras = extras or ChatExtras()
     choices = []
     for index, choice in sorted(generation.choices.items()):
         logprobs = None
         if top_logprobs is not None:
             logprobs = await chat_logprobs(choice.logprobs, top_logprobs, token_text)
+        message, finish_reason = await (tools or ToolCalling()).message(choice.text, choice.finish_reason)
         choices.append(
             {
                 "index": index,
-                "message": {"role": "assistant", "content": choice.text},
+                "message": extras.message(message),
                 "logprobs": logprobs,
-                "finish_reason": choice.finish_reason,
+                "finish_reason": finish_reason,
+                "stop_reason": choice.stop_reason,
+                "token_ids": choice.token_ids if extras.return_token_ids else None,
             }
         )
     finished = generation.finished
-    return {
+    body: dict[str, Any] = {
         "id": f"chatcmpl-{spec.request_id}",
         "object": "chat.completion",
         "created": now(),
@@ -186,7 +213,13 @@ async def chat_completion(
             finished.cached_prompt_tokens,
             details=spec.prompt_tokens_details,
         ),
+        **extras.top_level(),
     }
+    if finished.prompt_logprobs is not None:
+        body["prompt_logprobs"] = await prompt_logprobs(
+            spec.prompt_token_ids, finished.prompt_logprobs, prompt_texts or token_text
+        )
+    return body
 
 
 async def text_completion(
@@ -197,31 +230,47 @@ async def text_completion(
     logprobs: int | None,
     echo: bool,
     texts: TokenizerTexts,
+    return_token_ids: bool = False,
+    token_text: TokenText | None = None,
+    response_id: str | None = None,
 ) -> dict[str, Any]:
     """The text_completion object over one generation per prompt.
 
     As in OpenAI's API, prompt i's n choices get indices i*n .. i*n+n-1 and usage is the
-    sum over prompts.
+    sum over prompts. vLLM's additions: with echo and logprobs, the prompt's tokens lead the
+    logprobs (the first with none); `prompt_logprobs` per choice when asked for; token ids
+    with `return_token_ids`; `token_text` names tokens in logprobs (default: their text).
     """
+    token_text = token_text or texts.token_texts
     n = specs[0].sampling.n or 1
     choices = []
     for prompt_index, (spec, generation) in enumerate(zip(specs, generations, strict=True)):
-        prefix = await texts.text(spec.prompt_token_ids) if echo else ""
+        prompt = spec.prompt_token_ids
+        prefix = await texts.text(prompt) if echo else ""
+        entries = generation.finished.prompt_logprobs
+        shown_prompt_logprobs = (
+            await prompt_logprobs(prompt, entries, texts.token_texts) if entries is not None else None
+        )
         for index, choice in sorted(generation.choices.items()):
             choice_logprobs = None
             if logprobs is not None:
-                choice_logprobs = await completion_logprobs(choice.logprobs, logprobs, texts.token_texts)
+                lead = echo_entries(prompt, entries or []) if echo else []
+                choice_logprobs = await completion_logprobs([*lead, *choice.logprobs], logprobs, token_text)
             choices.append(
                 {
                     "index": prompt_index * n + index,
                     "text": prefix + choice.text,
                     "logprobs": choice_logprobs,
                     "finish_reason": choice.finish_reason,
+                    "stop_reason": choice.stop_reason,
+                    "prompt_logprobs": shown_prompt_logprobs,
+                    "prompt_token_ids": list(prompt) if return_token_ids else None,
+                    "token_ids": choice.token_ids if return_token_ids else None,
                 }
             )
     finished = [g.finished for g in generations]
     return {
-        "id": f"cmpl-{specs[0].request_id}",
+        "id": f"cmpl-{response_id or specs[0].request_id}",
         "object": "text_completion",
         "created": now(),
         "model": model,

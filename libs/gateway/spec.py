@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from libs.gateway import errors, metrics
+from libs.gateway.extensions import truncated
 from libs.gateway.openai_api import _SamplingFields
 from libs.gateway.pipeline import GenerationSpec
 from libs.gateway.requests import sampling_params
@@ -21,6 +22,7 @@ def generation_spec(
     max_tokens_cap: int | None = None,
     default_max_tokens: int | None = None,
     prompt_tokens_details: bool = False,
+    request_id: str | None = None,
 ) -> GenerationSpec:
     """Refuses prompts that are empty or, with the completion, longer than the context.
 
@@ -30,8 +32,10 @@ def generation_spec(
     `default_max_tokens` (the model's max_new_tokens under `--generation-config auto`)
     bounds a request that sets none, as in vLLM's get_max_tokens.
     `prompt_tokens_details`: report cached prompt tokens in usage (vLLM's
-    --enable-prompt-tokens-details).
+    --enable-prompt-tokens-details). `request_id`: the client's (vLLM's `request_id`), else a
+    fresh one. The prompt is first cut to `truncate_prompt_tokens`, as vLLM does.
     """
+    prompt = truncated(prompt, body, max_model_len)
     if not prompt:
         raise errors.invalid("prompt is empty", "prompt")
     if max_tokens is None:
@@ -44,11 +48,12 @@ def generation_spec(
         raise errors.context_too_long(len(prompt), max_tokens, max_model_len)
     metrics.PROMPT_TOKENS.observe(len(prompt))
     return GenerationSpec(
-        request_id=uuid.uuid4().hex,
+        request_id=request_id or uuid.uuid4().hex,
         model=model,
         prompt_token_ids=prompt,
         sampling=sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
         stops=body.stops(),
         cache_salt=body.cache_salt or "",
         prompt_tokens_details=prompt_tokens_details,
+        include_stop_str_in_output=body.include_stop_str_in_output,
     )

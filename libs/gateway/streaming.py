@@ -28,6 +28,7 @@ from libs.gateway.responses import (
     usage,
     worker_failed,
 )
+from libs.gateway.tools import ToolCalling
 from libs.observability.logging import bound_request_id
 
 log = structlog.get_logger(__name__)
@@ -39,6 +40,8 @@ class StreamFormat:
     model: str
     options: StreamOptions
     top_logprobs: int  # alternatives per token when the spec asks for logprobs
+    tools: ToolCalling | None = None  # a chat request's tool calls (libs/gateway/tools.py)
+    return_token_ids: bool = False  # vLLM's: each chunk's token ids (and the prompt's, first)
 
 
 async def started(generate: Generate, spec: GenerationSpec) -> Generate:
@@ -127,6 +130,7 @@ class _Chunks:
         prefix = "chatcmpl" if fmt.chat else "cmpl"
         self._id = f"{prefix}-{spec.request_id}"
         self._object = "chat.completion.chunk" if fmt.chat else "text_completion"
+        self._tools = (fmt.tools or ToolCalling()).stream()
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         return sse(
@@ -157,11 +161,14 @@ class _Chunks:
         top = self._fmt.top_logprobs
         if self._fmt.chat:
             logprobs = await chat_logprobs(event.logprobs, top, token_text) if event.logprobs else None
+            delta, finish_reason = await self._tools.delta(event.index, event.text, event.finish_reason)
             return {
                 "index": event.index,
-                "delta": {"content": event.text} if event.text else {},
+                "delta": delta,
                 "logprobs": logprobs,
-                "finish_reason": event.finish_reason,
+                "finish_reason": finish_reason,
+                "stop_reason": event.stop_reason,
+                **self._token_ids(event),
             }
         logprobs = await completion_logprobs(event.logprobs, top, token_text) if event.logprobs else None
         return {
@@ -169,7 +176,12 @@ class _Chunks:
             "text": event.text,
             "logprobs": logprobs,
             "finish_reason": event.finish_reason,
+            "stop_reason": event.stop_reason,
+            **self._token_ids(event),
         }
+
+    def _token_ids(self, event: SequenceEvent) -> dict[str, Any]:
+        return {"token_ids": list(event.token_ids)} if self._fmt.return_token_ids else {}
 
 
 class _LatencyClock:

@@ -94,6 +94,9 @@ class WorkerService:
             request.sampling, max_tokens=1, defaults=self._engine.info.sampling_defaults
         )
         sampling["n"] = 1
+        # min_tokens holds back EOS and stop tokens for the first token here; more would be
+        # more than this one token (vLLM refuses min_tokens > max_tokens).
+        sampling["min_tokens"] = min(sampling["min_tokens"], 1)
         started = time.perf_counter()
         last = await self._run_to_end(
             request_id, prompt, sampling, PREFILL_PARAMS, cache_salt=request.metadata.cache_salt
@@ -151,6 +154,7 @@ class WorkerService:
         completion_tokens = 0
         last: EngineStep | None = None
         prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+        prompt_logprobs_sent = False
         async for step in self._run(
             request_id, prompt, sampling, kv_params, cache_salt=request.metadata.cache_salt
         ):
@@ -177,6 +181,9 @@ class WorkerService:
                 )
                 if sequence.stop_token_id is not None:
                     chunk.stop_token_id = sequence.stop_token_id
+                if prompt_logprobs is not None and not prompt_logprobs_sent:
+                    chunk.prompt_logprobs.extend(_prompt_logprobs(prompt_logprobs))
+                    prompt_logprobs_sent = True
                 yield worker_pb2.GenerateResponse(chunk=chunk)
         complete = worker_pb2.GenerateComplete(
             usage=common_pb2.Usage(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +16,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
-from libs.gateway import errors, responses, tokenize_api
+from libs.gateway import batch_chat, errors, responses, tokenize_api
 from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
 from libs.gateway.edge import HttpEdge
+from libs.gateway.extensions import bad_words_token_ids
 from libs.gateway.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -30,14 +32,18 @@ from libs.gateway.pool import WorkerPool
 from libs.gateway.request_metrics import RequestCounter
 from libs.gateway.requests import (
     chat_prompt,
+    chat_render,
     check_model,
     check_supported,
     completion_prompts,
     tokenizer_call,
     validation_error,
 )
+from libs.gateway.response_extras import chat_extras, token_id_labels
 from libs.gateway.spec import generation_spec
 from libs.gateway.streaming import StreamFormat, sse_events, started
+from libs.gateway.tools import ToolCalling, tool_calling
+from libs.gateway.vllm_fields import warn_unknown
 
 
 @dataclass
@@ -49,6 +55,7 @@ class GatewayState:
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     default_max_tokens: int | None = None  # GatewayParts.default_max_tokens
+    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice (libs/gateway/tools.py)
 
 
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
@@ -128,22 +135,44 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         prompt = await tokenizer_call(chat_prompt(state.tokenizer, body))
         top = body.top_logprobs or 0
         spec = _spec(state, edge, body, prompt, body.requested_max_tokens(), top if body.logprobs else None)
-        return await _stream(state, spec, chat=True, options=body.stream_options, top=top)
+        await _bad_words(state, body, [spec])
+        calling = tool_calling(body, state.tokenizer, auto_enabled=state.enable_auto_tool_choice)
+        return await _stream(
+            state, spec, chat=True, options=body.stream_options, top=top, tools=calling, body=body
+        )
 
     async def chat_whole(body: ChatCompletionRequest) -> JSONResponse:
-        prompt = await tokenizer_call(chat_prompt(state.tokenizer, body))
+        return JSONResponse(await chat_object(body))
+
+    async def chat_object(body: ChatCompletionRequest) -> dict[str, Any]:
+        calling = tool_calling(body, state.tokenizer, auto_enabled=state.enable_auto_tool_choice)
+        rendered = await tokenizer_call(chat_render(state.tokenizer, body))
         top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        spec = _spec(state, edge, body, prompt, body.requested_max_tokens(), top_logprobs)
+        spec = _spec(state, edge, body, list(rendered.token_ids), body.requested_max_tokens(), top_logprobs)
+        await _bad_words(state, body, [spec])
         generation = await responses.collect(state.pipeline.run, spec)
-        return JSONResponse(
-            await responses.chat_completion(
-                spec,
-                generation,
-                model=state.served_model,
-                top_logprobs=top_logprobs,
-                token_text=texts.token_texts,
-            )
+        return await responses.chat_completion(
+            spec,
+            generation,
+            model=state.served_model,
+            top_logprobs=top_logprobs,
+            token_text=_token_text(body, texts),
+            tools=calling,
+            extras=chat_extras(body, spec.prompt_token_ids, rendered.prompt),
+            prompt_texts=texts.token_texts,
         )
+
+    @app.post("/v1/chat/completions/batch", response_model=None)
+    async def chat_batch(request: Request) -> JSONResponse:
+        """vLLM's batched chat completions (libs/gateway/batch_chat.py)."""
+        request_id, bodies = batch_chat.split(await invocation_body(request))
+        for body in bodies:
+            check_model(body.model, state.served_model)
+            check_supported(body)
+            limits.check(body, state.max_model_len)
+        # The conversations run concurrently; one failing cancels the others.
+        answers = gather_or_cancel(*(chat_object(body) for body in bodies))
+        return JSONResponse(batch_chat.merge(request_id, await until_disconnected(request.receive, answers)))
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
@@ -158,11 +187,19 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         specs = await completion_specs(body)
         if len(specs) != 1:
             raise errors.unsupported("streaming a list of several prompts", "prompt")
-        return await _stream(state, specs[0], chat=False, options=body.stream_options, top=body.logprobs or 0)
+        return await _stream(
+            state, specs[0], chat=False, options=body.stream_options, top=body.logprobs or 0, body=body
+        )
 
     async def completion_specs(body: CompletionRequest) -> list[GenerationSpec]:
         prompts = await tokenizer_call(completion_prompts(state.tokenizer, body))
-        return [_spec(state, edge, body, prompt, body.max_tokens, body.logprobs) for prompt in prompts]
+        ids = _prompt_request_ids(body.request_id, len(prompts))
+        specs = [
+            _spec(state, edge, body, prompt, body.max_tokens, body.logprobs, request_id=request_id)
+            for prompt, request_id in zip(prompts, ids, strict=True)
+        ]
+        await _bad_words(state, body, specs)
+        return specs
 
     async def completions_whole(body: CompletionRequest) -> JSONResponse:
         specs = await completion_specs(body)
@@ -176,6 +213,9 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
                 logprobs=body.logprobs,
                 echo=body.echo,
                 texts=texts,
+                return_token_ids=bool(body.return_token_ids),
+                token_text=_token_text(body, texts),
+                response_id=body.request_id,
             )
         )
 
@@ -218,7 +258,11 @@ def _spec(
     prompt: list[int],
     max_tokens: int | None,
     logprobs: int | None,
+    *,
+    request_id: str | None = None,
 ) -> GenerationSpec:
+    request_id = request_id or body.request_id or uuid.uuid4().hex
+    warn_unknown(body.model_extra, request_id)
     return generation_spec(
         body,
         prompt,
@@ -229,18 +273,53 @@ def _spec(
         max_tokens_cap=edge.limits.max_tokens_cap,
         default_max_tokens=state.default_max_tokens,
         prompt_tokens_details=state.prompt_tokens_details,
+        request_id=request_id,
     )
 
 
+def _prompt_request_ids(request_id: str | None, prompts: int) -> list[str | None]:
+    """The client's request id for one prompt; `<id>-<i>` for each of several (as vLLM)."""
+    if request_id is None:
+        return [None] * prompts
+    return [request_id] if prompts == 1 else [f"{request_id}-{i}" for i in range(prompts)]
+
+
+def _token_text(body: Any, texts: responses.TokenizerTexts) -> responses.TokenText:
+    """How logprobs name tokens: `token_id:<id>` with return_tokens_as_token_ids, else text."""
+    return token_id_labels if body.return_tokens_as_token_ids else texts.token_texts
+
+
+async def _bad_words(state: GatewayState, body: Any, specs: list[GenerationSpec]) -> None:
+    """vLLM's bad_words, tokenized here for the engines (which have no tokenizer)."""
+    if not body.bad_words:
+        return
+    ids = await tokenizer_call(bad_words_token_ids(state.tokenizer, body.bad_words))
+    for spec in specs:
+        spec.sampling.bad_words_token_ids.extend(ids)
+
+
 async def _stream(
-    state: GatewayState, spec: GenerationSpec, *, chat: bool, options: StreamOptions | None, top: int
+    state: GatewayState,
+    spec: GenerationSpec,
+    *,
+    chat: bool,
+    options: StreamOptions | None,
+    top: int,
+    tools: ToolCalling | None = None,
+    body: Any = None,
 ) -> StreamingResponse:
     # Failures before the first token get their own HTTP status, not an event in a 200 stream.
     began = time.perf_counter()
     generate = await started(state.pipeline.run, spec)
     fmt = StreamFormat(
-        chat=chat, model=state.served_model, options=options or StreamOptions(), top_logprobs=top
+        chat=chat,
+        model=state.served_model,
+        options=options or StreamOptions(),
+        top_logprobs=top,
+        tools=tools,
+        return_token_ids=bool(body is not None and body.return_token_ids),
     )
-    token_texts = responses.TokenizerTexts(state.tokenizer).token_texts
+    texts = responses.TokenizerTexts(state.tokenizer)
+    token_texts = _token_text(body, texts) if body is not None else texts.token_texts
     events = sse_events(generate, spec, fmt, token_texts, started_s=began)
     return StreamingResponse(events, media_type="text/event-stream")

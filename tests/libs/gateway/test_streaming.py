@@ -70,10 +70,34 @@ async def test_chat_stream_opens_with_roles_then_deltas_usage_and_done() -> None
                 "finish_reason": None,
             },
         ],
-        [{"index": 0, "delta": {"content": "Hello"}, "logprobs": None, "finish_reason": None}],
-        [{"index": 1, "delta": {}, "logprobs": None, "finish_reason": None}],
-        [{"index": 0, "delta": {"content": " world"}, "logprobs": None, "finish_reason": "stop"}],
-        [{"index": 1, "delta": {"content": "é"}, "logprobs": None, "finish_reason": "length"}],
+        [
+            {
+                "index": 0,
+                "delta": {"content": "Hello"},
+                "logprobs": None,
+                "finish_reason": None,
+                "stop_reason": None,
+            }
+        ],
+        [{"index": 1, "delta": {}, "logprobs": None, "finish_reason": None, "stop_reason": None}],
+        [
+            {
+                "index": 0,
+                "delta": {"content": " world"},
+                "logprobs": None,
+                "finish_reason": "stop",
+                "stop_reason": None,
+            }
+        ],
+        [
+            {
+                "index": 1,
+                "delta": {"content": "é"},
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        ],
         [],
     ]
     assert "usage" not in chunks[1]
@@ -96,10 +120,10 @@ async def test_completion_stream_has_no_role_chunk_and_no_usage_unless_asked() -
     assert payloads[-1] == "[DONE]"
     assert {(c["id"], c["object"]) for c in payloads[:-1]} == {("cmpl-abc", "text_completion")}
     assert [c["choices"] for c in payloads[:-1]] == [
-        [{"index": 0, "text": "Hello", "logprobs": None, "finish_reason": None}],
-        [{"index": 1, "text": "", "logprobs": None, "finish_reason": None}],
-        [{"index": 0, "text": " world", "logprobs": None, "finish_reason": "stop"}],
-        [{"index": 1, "text": "é", "logprobs": None, "finish_reason": "length"}],
+        [{"index": 0, "text": "Hello", "logprobs": None, "finish_reason": None, "stop_reason": None}],
+        [{"index": 1, "text": "", "logprobs": None, "finish_reason": None, "stop_reason": None}],
+        [{"index": 0, "text": " world", "logprobs": None, "finish_reason": "stop", "stop_reason": None}],
+        [{"index": 1, "text": "é", "logprobs": None, "finish_reason": "length", "stop_reason": None}],
     ]
     assert not any("usage" in c for c in payloads[:-1])
 

@@ -308,19 +308,20 @@ async def test_info_carries_the_models_max_new_tokens_only_when_it_has_one() -> 
     assert service.info().default_max_tokens == 256
 
 
-async def test_prompt_logprobs_come_with_prefill_and_with_a_colocated_complete() -> None:
+async def test_prompt_logprobs_come_with_prefill_and_with_colocated_generation() -> None:
     sampling = common_pb2.SamplingParams(max_tokens=2, prompt_logprobs=1)
     prefill, _ = make(Role.PREFILL)
     response = await prefill.prefill(
         worker_pb2.PrefillRequest(metadata=meta("p"), prompt_token_ids=[5, 6, 7], sampling=sampling)
     )
     both, _ = make(Role.BOTH)
-    complete = (
-        await collect(
-            both,
-            worker_pb2.GenerateRequest(metadata=meta("b"), prompt_token_ids=[5, 6, 7], sampling=sampling),
-        )
-    )[-1].complete
+    responses = await collect(
+        both, worker_pb2.GenerateRequest(metadata=meta("b"), prompt_token_ids=[5, 6, 7], sampling=sampling)
+    )
+    complete = responses[-1].complete
+    # Also on the first chunk (a caller stopping early never reads the complete), only there.
+    assert list(responses[0].chunk.prompt_logprobs) == list(complete.prompt_logprobs)
+    assert not responses[1].chunk.prompt_logprobs
     for entries in (response.prompt_logprobs, complete.prompt_logprobs):
         # The first prompt token has none (an empty entry), as in vLLM.
         assert [(e.token_id, e.logprob) for e in entries] == [(0, 0.0), (6, -1.0), (7, -2.0)]

@@ -81,6 +81,8 @@ async def test_chat_completion_runs_the_rendered_prompt_and_answers_in_openai_fo
             "message": {"role": "assistant", "content": "Hello world"},
             "logprobs": None,
             "finish_reason": "stop",
+            "stop_reason": None,
+            "token_ids": None,
         }
     ]
     assert reply["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
@@ -396,3 +398,48 @@ async def test_invocations_refuse_a_body_no_endpoint_takes() -> None:
         assert response.status_code == 400 and "suitable handler" in response.json()["error"]["message"]
         broken = await http.post("/invocations", content=b"{", headers={"content-type": "application/json"})
         assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
+
+
+async def test_batched_chat_answers_each_conversation_with_its_own_request() -> None:
+    pipeline = ScriptedPipeline(EVENTS)
+    async with client(pipeline) as http:
+        response = await http.post(
+            "/v1/chat/completions/batch",
+            json={
+                "model": "m",
+                "request_id": "b",
+                "messages": [[{"role": "user", "content": "a"}], [{"role": "user", "content": "bb"}]],
+            },
+        )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["id"] == "chatcmpl-b"
+    assert [(c["index"], c["message"]["content"]) for c in body["choices"]] == [
+        (0, "Hello world"),
+        (1, "Hello world"),
+    ]
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    # One spec per conversation, each with its own prompt and vLLM's sub-request id.
+    assert sorted((s.request_id, tuple(s.prompt_token_ids)) for s in pipeline.specs) == [
+        ("b_0", (1,)),
+        ("b_1", (2,)),
+    ]
+
+
+async def test_vllm_fields_refused_ignored_and_unknown() -> None:
+    async with client(ScriptedPipeline(EVENTS)) as http:
+        refused = await http.post(
+            "/v1/completions", json={"model": "m", "prompt": "Hello", "use_beam_search": True}
+        )
+        accepted = await http.post(
+            "/v1/completions",
+            json={
+                "model": "m",
+                "prompt": "Hello",
+                "session_id": "s",
+                "some_future_field": 1,
+                "request_id": "mine",
+            },
+        )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "use_beam_search"
+    assert accepted.status_code == 200 and accepted.json()["id"] == "cmpl-mine"
