@@ -42,6 +42,10 @@ class StreamFormat:
     top_logprobs: int  # alternatives per token when the spec asks for logprobs
     tools: ToolCalling | None = None  # a chat request's tool calls (libs/gateway/tools.py)
     return_token_ids: bool = False  # vLLM's: each chunk's token ids (and the prompt's, first)
+    role: str = "assistant"  # chat: the reply's role (add_generation_prompt false: the last message's)
+    # vLLM's echo: chat's last message content (its own chunk after the roles), or the
+    # completion's prompt text (before each choice's first text).
+    echo_text: str = ""
 
 
 async def started(generate: Generate, spec: GenerationSpec) -> Generate:
@@ -90,6 +94,8 @@ async def sse_events(
         try:
             if fmt.chat:
                 yield chunks.roles(spec.sampling.n or 1)
+                if fmt.echo_text:
+                    yield chunks.echo(spec.sampling.n or 1)
             async for event in generate(spec):
                 if isinstance(event, Finished):
                     clock.finished(event)
@@ -129,6 +135,8 @@ class _Chunks:
         self._fmt = fmt
         prefix = "chatcmpl" if fmt.chat else "cmpl"
         self._id = f"{prefix}-{spec.request_id}"
+        self._prompt = list(spec.prompt_token_ids)
+        self._started: set[int] = set()  # completion choices that sent their first chunk
         self._object = "chat.completion.chunk" if fmt.chat else "text_completion"
         self._tools = (fmt.tools or ToolCalling()).stream()
 
@@ -145,11 +153,27 @@ class _Chunks:
         )
 
     def roles(self, n: int) -> str:
+        # vLLM sends the prompt's token ids once, on the first chunk.
+        extra = {"prompt_token_ids": self._prompt} if self._fmt.return_token_ids else {}
         return self.chunk(
             [
                 {
                     "index": i,
-                    "delta": {"role": "assistant", "content": ""},
+                    "delta": {"role": self._fmt.role, "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for i in range(n)
+            ],
+            **extra,
+        )
+
+    def echo(self, n: int) -> str:
+        return self.chunk(
+            [
+                {
+                    "index": i,
+                    "delta": {"content": self._fmt.echo_text},
                     "logprobs": None,
                     "finish_reason": None,
                 }
@@ -171,14 +195,19 @@ class _Chunks:
                 **self._token_ids(event),
             }
         logprobs = await completion_logprobs(event.logprobs, top, token_text) if event.logprobs else None
-        return {
+        first = event.index not in self._started
+        self._started.add(event.index)
+        choice = {
             "index": event.index,
-            "text": event.text,
+            "text": (self._fmt.echo_text if first else "") + event.text,
             "logprobs": logprobs,
             "finish_reason": event.finish_reason,
             "stop_reason": event.stop_reason,
             **self._token_ids(event),
         }
+        if first and self._fmt.return_token_ids:
+            choice["prompt_token_ids"] = self._prompt  # vLLM: on each choice's first chunk
+        return choice
 
     def _token_ids(self, event: SequenceEvent) -> dict[str, Any]:
         return {"token_ids": list(event.token_ids)} if self._fmt.return_token_ids else {}

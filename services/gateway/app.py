@@ -277,6 +277,18 @@ def _spec(
     )
 
 
+async def _stream_echo(state: GatewayState, spec: GenerationSpec, body: Any, *, chat: bool) -> dict[str, Any]:
+    """A stream's reply role and echo, as vLLM's streaming serving sends them."""
+    if body is None:
+        return {}
+    if chat:
+        extras = chat_extras(body, spec.prompt_token_ids, "")
+        return {"role": extras.role, "echo_text": extras.echo_text}
+    if not body.echo:
+        return {}
+    return {"echo_text": await responses.TokenizerTexts(state.tokenizer).text(spec.prompt_token_ids)}
+
+
 def _prompt_request_ids(request_id: str | None, prompts: int) -> list[str | None]:
     """The client's request id for one prompt; `<id>-<i>` for each of several (as vLLM)."""
     if request_id is None:
@@ -318,6 +330,7 @@ async def _stream(
         top_logprobs=top,
         tools=tools,
         return_token_ids=bool(body is not None and body.return_token_ids),
+        **(await _stream_echo(state, spec, body, chat=chat)),
     )
     texts = responses.TokenizerTexts(state.tokenizer)
     token_texts = _token_text(body, texts) if body is not None else texts.token_texts

@@ -257,3 +257,37 @@ async def test_latency_metrics_observe_first_token_gaps_and_the_whole_stream() -
     assert (
         sample("cleave_gateway_completion_tokens_sum") - before["cleave_gateway_completion_tokens_sum"] == 4
     )
+
+
+async def test_chat_stream_with_vllm_role_echo_and_token_ids() -> None:
+    events: list[SequenceEvent | Finished] = [
+        SequenceEvent(0, " world", [3], finish_reason="stop", stop_reason=3),
+        Finished(prompt_tokens=2, completion_tokens=1, cached_prompt_tokens=0),
+    ]
+    fmt = StreamFormat(
+        chat=True,
+        model="m",
+        options=StreamOptions(),
+        top_logprobs=0,
+        return_token_ids=True,
+        role="user",
+        echo_text="Hello",
+    )
+    payloads = await stream(ScriptedPipeline(events), fmt)
+    roles, echo, content = payloads[0], payloads[1], payloads[2]
+    # vLLM: the reply's role first, with the prompt's ids once; then the echoed content.
+    assert roles["choices"][0]["delta"] == {"role": "user", "content": ""}
+    assert roles["prompt_token_ids"] == [1, 2]
+    assert echo["choices"][0]["delta"] == {"content": "Hello"} and "prompt_token_ids" not in echo
+    assert content["choices"][0]["token_ids"] == [3] and content["choices"][0]["stop_reason"] == 3
+
+
+async def test_completion_stream_echo_and_prompt_ids_on_each_choices_first_chunk() -> None:
+    fmt = StreamFormat(
+        chat=False, model="m", options=StreamOptions(), top_logprobs=0, return_token_ids=True, echo_text="P:"
+    )
+    payloads = await stream(ScriptedPipeline(TWO_SEQUENCES), fmt, n=2)
+    choices = [c["choices"][0] for c in payloads[:-1]]
+    assert [c["text"] for c in choices] == ["P:Hello", "P:", " world", "é"]
+    assert [c.get("prompt_token_ids") for c in choices] == [[1, 2], [1, 2], None, None]
+    assert [c["token_ids"] for c in choices] == [[1], [2], [3], [5]]
