@@ -25,7 +25,14 @@ from libs.worker.speculative import Method, SpeculativeSpec, parse_speculative_c
 def _parse_hosts(flag_name: str, text: str) -> tuple[str, ...]:
     hosts = tuple(h.strip() for h in text.split(",") if h.strip())
     for host in hosts:
-        if ":" in host and not _is_ip(host.strip("[]")):  # host:port, not an IPv6 address
+        if "/" in host:  # a network: every address in it is trusted (libs/worker/handoff.py)
+            try:
+                ipaddress.ip_network(host, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    flag_name, text, f"an address network such as 10.244.0.0/16; bad item {host!r}"
+                ) from None
+        elif ":" in host and not _is_ip(host.strip("[]")):  # host:port, not an IPv6 address
             raise ConfigError(flag_name, text, f"comma-separated hosts without ports; bad item {host!r}")
     return hosts
 
@@ -71,8 +78,8 @@ class WorkerConfig(
     kv_allowed_hosts: tuple[str, ...] = flag(
         (),
         codec=HOSTS,
-        help="hosts (comma-separated) whose prefill KV a decode worker pulls, besides loopback "
-        "and its own --kv-host",
+        help="hosts or networks (comma-separated, e.g. 10.244.0.0/16) whose prefill KV a decode "
+        "worker pulls, besides loopback and its own --kv-host",
     )
     nixl_progress_delay_us: int = flag(
         1000,

@@ -7,7 +7,8 @@ at any machine, or at KV that no prefill is holding. So a descriptor must carry 
 (every prefill sets one; a missing one means it was not made by a prefill) that has not
 expired, and its host must be one the worker was told to trust: loopback, the worker's own
 --kv-host (a prefill on the same machine) or one of --kv-allowed-hosts. Host names are
-compared as written, without DNS.
+compared as written, without DNS; an entry written as a network (`10.244.0.0/16`) trusts every
+address in it, for clusters whose prefill pods get addresses only when they start.
 """
 
 from __future__ import annotations
@@ -107,13 +108,21 @@ def check_peer(handoff: worker_pb2.KvHandoff, trusted: frozenset[str]) -> None:
     host = handoff.host
     if not host:  # malformed, not forged: the caller's mistake
         raise InvalidRequest("KV handoff names no host")
-    if not (is_loopback(host) or host.lower() in trusted):
+    if not (is_loopback(host) or host.lower() in trusted or _in_trusted_network(host, trusted)):
         raise UntrustedPeer(
             f"KV handoff names host {host!r}, which this worker does not pull from "
             "(loopback, its --kv-host and --kv-allowed-hosts)"
         )
     if not 0 < handoff.port < 65536:
         raise InvalidRequest(f"KV handoff names port {handoff.port}, not 1..65535")
+
+
+def _in_trusted_network(host: str, trusted: frozenset[str]) -> bool:
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False  # a name matches only as written
+    return any(address in ipaddress.ip_network(entry, strict=False) for entry in trusted if "/" in entry)
 
 
 def check_lease(handoff: worker_pb2.KvHandoff, now_s: float) -> None:

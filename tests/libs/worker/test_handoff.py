@@ -75,3 +75,24 @@ def test_lease_checks_at_their_edges() -> None:
     handoff.lease_expires_unix_ms = 0
     with pytest.raises(InvalidRequest, match="no lease"):
         check_lease(handoff, now_s=0.0)
+
+
+def test_a_network_in_the_allowed_hosts_trusts_its_addresses_only() -> None:
+    from libs.config.errors import ConfigError
+    from libs.config.flags import parse, render
+    from libs.worker.config import WorkerConfig
+    from libs.worker.handoff import UntrustedPeer, check_peer, trusted_hosts
+
+    config = parse(WorkerConfig, ["--model", "m", "--kv-allowed-hosts", "10.244.0.0/16,fd00::/8,prefill-a"])
+    assert parse(WorkerConfig, render(config)) == config
+    trusted = trusted_hosts(config.kv_host, config.kv_allowed_hosts)
+    handoff = handoff_from_params(PREFILL_OUTPUT, lease_expires_unix_ms=0, worker_address="")
+    for host in ("10.244.3.7", "fd00::5", "[fd00::5]", "prefill-a"):
+        handoff.host = host
+        check_peer(handoff, trusted)
+    for host in ("10.245.0.1", "fe80::1", "prefill-b", "10.244.3.7.example"):
+        handoff.host = host
+        with pytest.raises(UntrustedPeer):
+            check_peer(handoff, trusted)
+    with pytest.raises(ConfigError, match="network"):
+        parse(WorkerConfig, ["--model", "m", "--kv-allowed-hosts", "10.244.0.0/33"])
