@@ -88,6 +88,7 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             parts.tokenizer,
             prompt_tokens_details=config.enable_prompt_tokens_details,
             default_max_tokens=parts.default_max_tokens,
+            enable_auto_tool_choice=config.enable_auto_tool_choice,
         )
         app = create_app(state, edge)
         # Outermost: a request's deadline starts when it arrives (libs/gateway/deadline.py).

@@ -21,6 +21,7 @@ from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
 from libs.tokenization import Tokenizer
 from libs.tokenization import TokenizerConfig as TokenizerFiles
 from libs.tokenization.server_config import TokenizerServerConfig, parse_args
+from libs.tokenization.tools import ToolCallParser
 from services.tokenizer.servicer import TokenizerServicer, binding
 
 log = structlog.get_logger("cleave.tokenizer")
@@ -40,7 +41,17 @@ def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
         # unknown (the gateway checks lengths against the workers' value, not this one).
         max_model_len=fitted_context_length(process.max_model_len, resolved.path) or 0,
         max_concurrent_tokenizations=process.max_concurrent_tokenizations,
+        tool_parser=_tool_parser(process.tool_call_parser),
     )
+
+
+def _tool_parser(name: str | None) -> ToolCallParser | None:
+    if name is None:
+        return None
+    # vLLM is imported only for a parser (seconds); an unknown name is a ValueError (exit 2).
+    from libs.tokenization.vllm_tool_parsing import VllmToolCallParser
+
+    return VllmToolCallParser(name)
 
 
 async def run(process: TokenizerServerConfig, servicer: TokenizerServicer, security: RpcSecurity) -> None:

@@ -25,7 +25,7 @@ from libs.rpc.errors import FailedPrecondition, InvalidRequest
 from libs.rpc.server import ServiceBinding
 from libs.tokenization import ChatMessage, Tokenizer
 from libs.tokenization.offload import TokenizerThreads
-from libs.tokenization.tools import message_tool_fields, tool_dicts
+from libs.tokenization.tools import ToolCallParser, message_tool_fields, tool_dicts
 from services.tokenizer.stream import DetokenizeSession, check_token_ids
 
 log = structlog.get_logger(__name__)
@@ -96,9 +96,16 @@ def _json_object(text: str, *, where: str) -> dict[str, Any]:
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     def __init__(
-        self, tokenizer: Tokenizer, *, model: str, max_model_len: int, max_concurrent_tokenizations: int = 0
+        self,
+        tokenizer: Tokenizer,
+        *,
+        model: str,
+        max_model_len: int,
+        max_concurrent_tokenizations: int = 0,
+        tool_parser: ToolCallParser | None = None,
     ) -> None:
         self._tokenizer = tokenizer  # the event loop's own (DetokenizeStream, GetInfo)
+        self._tool_parser = tool_parser  # --tool-call-parser (libs/tokenization/vllm_tool_parsing.py)
         self._threads = TokenizerThreads(tokenizer, max_concurrent_tokenizations)
         self._model = model
         self._max_model_len = max_model_len
@@ -170,6 +177,30 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     ) -> tokenizer_pb2.DetokenizeResponse:
         _bind(request.metadata)
         return await self._unary("Detokenize", context, lambda tokenizer: _detokenize(tokenizer, request))
+
+    async def ParseToolCalls(
+        self, request: tokenizer_pb2.ParseToolCallsRequest, context: grpc.aio.ServicerContext
+    ) -> tokenizer_pb2.ParseToolCallsResponse:
+        _bind(request.metadata)
+        parser = self._tool_parser
+
+        def parse(tokenizer: Tokenizer) -> tokenizer_pb2.ParseToolCallsResponse:
+            if parser is None:
+                # The deployment's setup (the gateway enables `auto` only with a parser here).
+                raise FailedPrecondition("this tokenizer service has no --tool-call-parser")
+            try:
+                parsed = parser.parse(request.text, request.tools_json, tokenizer.hf_tokenizer)
+            except ValueError as error:  # tools that are not valid JSON or not vLLM's tool shape
+                raise InvalidRequest(f"tools: {error}") from None
+            return tokenizer_pb2.ParseToolCallsResponse(
+                tools_called=parsed.tools_called,
+                tool_calls=[
+                    tokenizer_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in parsed.calls
+                ],
+                content=parsed.content,
+            )
+
+        return await self._unary("ParseToolCalls", context, parse)
 
     async def GetInfo(
         self, request: tokenizer_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
