@@ -16,6 +16,7 @@ from libs.gateway.breaker import BreakerConfig
 from libs.gateway.deadline import DeadlineStub
 from libs.gateway.discovery import WorkerDiscovery
 from libs.gateway.kvstore_lookup import KvStoreLookup
+from libs.gateway.local_detokenize import load_decoder
 from libs.gateway.migration import DEFAULT_LIMIT as DEFAULT_MIGRATION_LIMIT
 from libs.gateway.pipeline import Pipeline
 from libs.gateway.pool import WorkerPool
@@ -74,6 +75,8 @@ async def assemble(
     info = await first.stub.GetInfo(worker_pb2.GetInfoRequest())
     tokenizer_channel = open_channel(tokenizer_address, security=security)
     cleanup.push_async_callback(tokenizer_channel.close)
+    # Generated text is detokenized here when the tokenizer hands out its decoder.
+    decoder = await load_decoder(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel))
     # Every tokenizer call gets the request's remaining time as its deadline (deadline.py).
     tokenizer = cast(
         tokenizer_pb2_grpc.TokenizerStub, DeadlineStub(tokenizer_pb2_grpc.TokenizerStub(tokenizer_channel))
@@ -92,6 +95,7 @@ async def assemble(
         migration_limit=migration_limit,
         request_timeout_s=request_timeout_s,
         admission=Admission(pool, admission),
+        decoder=decoder,
     )
     default_max_tokens = info.default_max_tokens if info.HasField("default_max_tokens") else None
     return GatewayParts(

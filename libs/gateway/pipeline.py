@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -33,9 +33,11 @@ from libs.gateway import deadline, errors, metrics
 from libs.gateway.admission import Admission
 from libs.gateway.deadline import NO_DEADLINE, Deadline
 from libs.gateway.detokenize import SequenceDetokenizer
+from libs.gateway.local_detokenize import LocalSequenceDetokenizer
 from libs.gateway.migration import DEFAULT_LIMIT, MIGRATING_CODES, Migration, MigrationRefused, WorkerFailed
 from libs.gateway.pool import Endpoint, WorkerPool
 from libs.gateway.routing import RoutingPolicy
+from libs.tokenization.decoder import Decoder
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +112,7 @@ class MidStreamError(Exception):
 class _Progress:
     """What a request's stream produced so far; kept when the request moves to another worker."""
 
+    detokenizers: dict[int, SequenceDetokenizer | LocalSequenceDetokenizer]
     open_sequences: set[int]
     completion_tokens: int = 0
     emitted: bool = False
@@ -130,6 +133,7 @@ class Pipeline:
         prefix_lookup: PrefixLookup | None = None,
         skip_prefill_max_tail: int = 256,
         migration_limit: int = DEFAULT_LIMIT,
+        decoder: Decoder | None = None,
     ) -> None:
         self._pool = pool
         self._tokenizer = tokenizer
@@ -141,6 +145,9 @@ class Pipeline:
         self._prefix_lookup = prefix_lookup
         self._skip_prefill_max_tail = skip_prefill_max_tail
         self._migration_limit = migration_limit
+        # The tokenizer's decoder (local_detokenize.py): output is detokenized in this process;
+        # None: through the tokenizer service's DetokenizeStream.
+        self._decoder = decoder
 
     @property
     def request_timeout_s(self) -> float | None:
@@ -266,8 +273,7 @@ class Pipeline:
         if handoff is not None and handoff.transport:
             request.handoff.CopyFrom(handoff)
         detokenizers = {
-            i: SequenceDetokenizer(
-                self._tokenizer,
+            i: self._detokenizer(
                 request_id=spec.request_id,
                 prompt_tail=spec.prompt_token_ids[-5:],
                 stops=spec.stops,
@@ -301,6 +307,14 @@ class Pipeline:
             if handoff is not None and handoff.transport and not progress.emitted:
                 # The decode never consumed the handoff: free the prefill's KV now.
                 await asyncio.shield(self._release(first_endpoint, spec.request_id, handoff))
+
+    def _detokenizer(
+        self, *, deadline: Deadline, **session: Any
+    ) -> SequenceDetokenizer | LocalSequenceDetokenizer:
+        """One sequence's detokenizer: in this process when the tokenizer gave its decoder."""
+        if self._decoder is not None:
+            return LocalSequenceDetokenizer(self._decoder, **session)
+        return SequenceDetokenizer(self._tokenizer, deadline=deadline, **session)
 
     async def _move(
         self,

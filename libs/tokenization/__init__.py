@@ -2,12 +2,27 @@
 
 The engines run with token ids only (skip_tokenizer_init), so everything that
 turns text into ids and ids back into streamed text lives here.
+
+Chat rendering and the tokenizer load transformers (seconds to import); they are imported
+on first use, so the gateway, which only detokenizes (decoder.py, session.py), does not pay
+for them.
 """
 
-from libs.tokenization.chat import CHAT_ROLES, ChatMessage
+from typing import TYPE_CHECKING, Any
+
 from libs.tokenization.detokenizer import IncrementalDetokenizer
 from libs.tokenization.stop import StopResult, StopStringMatcher
-from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
+
+if TYPE_CHECKING:
+    from libs.tokenization.chat import CHAT_ROLES, ChatMessage
+    from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
+
+_LAZY = {
+    "CHAT_ROLES": "libs.tokenization.chat",
+    "ChatMessage": "libs.tokenization.chat",
+    "Tokenizer": "libs.tokenization.tokenizer",
+    "TokenizerConfig": "libs.tokenization.tokenizer",
+}
 
 __all__ = [
     "CHAT_ROLES",
@@ -18,3 +33,12 @@ __all__ = [
     "Tokenizer",
     "TokenizerConfig",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

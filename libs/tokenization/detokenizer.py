@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from libs.tokenization.tokenizer import Tokenizer
+from libs.tokenization.decoder import Decoder
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +46,7 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Decoder,
         *,
         skip_special_tokens: bool = True,
         context_ids: Sequence[int] = (),

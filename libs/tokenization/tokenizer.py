@@ -46,7 +46,8 @@ class Tokenizer:
         self._hf = hf_tokenizer
         # transformers' decode is the Rust tokenizer's plus an optional clean-up of spaces;
         # without the clean-up, the Rust call alone (a third of the time per streamed token).
-        self._backend = None if getattr(hf_tokenizer, "clean_up_tokenization_spaces", False) else hf_tokenizer.backend_tokenizer
+        cleans_up = getattr(hf_tokenizer, "clean_up_tokenization_spaces", False)
+        self._backend = None if cleans_up else hf_tokenizer.backend_tokenizer
         self._eos_token_ids = tuple(dict.fromkeys(eos_token_ids))
         self._chat_template = chat_template
         self._source = source
@@ -122,10 +123,17 @@ class Tokenizer:
         return [int(token_id) for token_id in ids]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         text = self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
         if not isinstance(text, str):
             raise TypeError(f"decode returned {type(text).__name__}, not str")
         return text
+
+    def decoder_json(self) -> str | None:
+        """This tokenizer's decoding as `tokenizers` JSON (libs/tokenization/decoder.py), or
+        None when decoding needs transformers too (its clean-up of tokenization spaces)."""
+        return None if self._backend is None else self._backend.to_str()
 
     def render_chat(
         self,

@@ -25,8 +25,8 @@ from libs.rpc.errors import FailedPrecondition, InvalidRequest
 from libs.rpc.server import ServiceBinding
 from libs.tokenization import ChatMessage, Tokenizer
 from libs.tokenization.offload import TokenizerThreads
+from libs.tokenization.session import DetokenizeSession, check_token_ids
 from libs.tokenization.tools import ToolCallParser, message_tool_fields, tool_dicts
-from services.tokenizer.stream import DetokenizeSession, check_token_ids
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -213,6 +213,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             bos_token_id=tokenizer.bos_token_id,  # None leaves the optional field unset
             max_model_len=self._max_model_len,
             has_chat_template=tokenizer.has_chat_template,
+        )
+
+    async def GetDecoder(
+        self, request: tokenizer_pb2.GetDecoderRequest, context: grpc.aio.ServicerContext
+    ) -> tokenizer_pb2.DecoderSpec:
+        return tokenizer_pb2.DecoderSpec(
+            tokenizer_json=self._tokenizer.decoder_json() or "", vocab_size=self._tokenizer.vocab_size
         )
 
     async def DetokenizeStream(

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.gateway.local_detokenize import load_decoder
 from libs.gateway.migration import continuation_request
 from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, Pipeline, SequenceEvent
 from libs.gateway.pool import WorkerPool
@@ -138,6 +139,7 @@ class Stack:
         self.script = Script()
         self.workers: dict[str, GreedyWorker] = {}
         self.servers: list[GrpcServer] = []
+        self.local_detokenize = False
         self.pool: WorkerPool | None = None
 
     async def _serve(self, service: ServiceBinding) -> str:
@@ -170,6 +172,8 @@ class Stack:
             create_policy("round_robin"),
             create_policy("round_robin"),
             migration_limit=migration_limit,
+            # Both detokenize paths: in the gateway (the tokenizer's decoder) and the stream.
+            decoder=await load_decoder(stub) if self.local_detokenize else None,
         )
 
     def spec(
@@ -195,9 +199,10 @@ class Stack:
             await server.stop()
 
 
-@pytest.fixture
-async def stack(tokenizer: Tokenizer) -> AsyncIterator[Stack]:
+@pytest.fixture(params=["local", "stream"])
+async def stack(tokenizer: Tokenizer, request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     s = Stack(tokenizer)
+    s.local_detokenize = request.param == "local"
     yield s
     await s.close()
 

@@ -19,6 +19,7 @@ from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway import errors
 from libs.gateway.breaker import BreakerConfig
 from libs.gateway.deadline import Deadline
+from libs.gateway.local_detokenize import load_decoder
 from libs.gateway.pipeline import (
     Finished,
     GenerationSpec,
@@ -118,6 +119,7 @@ class Stack:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.servers: list[GrpcServer] = []
+        self.local_detokenize = False
 
     async def _serve(self, service: ServiceBinding) -> str:
         server = GrpcServer(ServerConfig(), [service])
@@ -145,16 +147,21 @@ class Stack:
         await pool.start()
         stub = tokenizer_pb2_grpc.TokenizerStub(open_channel(tokenizer_address))
         policies = create_policy("round_robin"), create_policy("least_load")
-        return Pipeline(pool, stub, *policies, prefix_lookup=prefix_lookup), pool
+        # The gateway detokenizes in-process when the tokenizer gives its decoder; every test
+        # runs both ways, so the two give the same events (`detokenize` parametrizes `stack`).
+        decoder = await load_decoder(stub) if self.local_detokenize else None
+        assert (decoder is not None) == self.local_detokenize
+        return Pipeline(pool, stub, *policies, prefix_lookup=prefix_lookup, decoder=decoder), pool
 
     async def close(self) -> None:
         for server in self.servers:
             await server.stop()
 
 
-@pytest.fixture
-async def stack(tokenizer: Tokenizer) -> AsyncIterator[Stack]:
+@pytest.fixture(params=["local", "stream"])
+async def stack(tokenizer: Tokenizer, request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     s = Stack(tokenizer)
+    s.local_detokenize = request.param == "local"
     yield s
     await s.close()
 

@@ -1,7 +1,9 @@
 """One DetokenizeStream: token id batches in, text deltas (stop strings applied) out.
 
-Kept free of gRPC so the servicer only deals with the stream protocol (first message,
-half-close, error replies) and this module only with text.
+Kept free of gRPC so the tokenizer service's servicer only deals with the stream protocol
+(first message, half-close, error replies) and this module only with text. The gateway runs
+the same sessions in-process when the tokenizer service offers its decoder (GetDecoder), so
+both paths give the same text by construction.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from collections.abc import Sequence
 
 from cleave.tokenizer.v1 import tokenizer_pb2
 from libs.rpc.errors import InvalidRequest
-from libs.tokenization import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from libs.tokenization.decoder import Decoder
+from libs.tokenization.detokenizer import IncrementalDetokenizer
+from libs.tokenization.stop import StopStringMatcher
 
 Response = tokenizer_pb2.DetokenizeStreamResponse
 
@@ -47,7 +51,7 @@ def _complete(text: str, num_tokens: int, matched_stop: str | None = None) -> Re
 class DetokenizeSession:
     """Turns each batch into one response; `done` once `complete` has been produced."""
 
-    def __init__(self, tokenizer: Tokenizer, start: tokenizer_pb2.DetokenizeStart) -> None:
+    def __init__(self, tokenizer: Decoder, start: tokenizer_pb2.DetokenizeStart) -> None:
         self._vocab_size = tokenizer.vocab_size
         tail = list(start.prompt_tail_token_ids)
         check_token_ids(tail, self._vocab_size, "start.prompt_tail_token_ids")
