@@ -47,7 +47,7 @@ start=$(date +%s)
 python3 "$packer" archive "${args[@]}" --out - | "$engine" load
 echo "images: loaded in $(( $(date +%s) - start )) s" >&2
 
-printf '%-22s %-16s %-73s %s\n' IMAGE TAG "ID (config digest)" SIZE
+printf '%-18s %-24s %-73s %s\n' IMAGE TAG "ID (config digest)" SIZE
 while IFS= read -r line; do
   [ -n "$line" ] || continue
   ref=${line%%=*} name=${ref%%:*}
@@ -55,5 +55,5 @@ while IFS= read -r line; do
   expected=$(sed -n 's/^image id (config digest) //p' "$runfiles/$(echo "${line#*=}" | cut -d, -f1 | sed 's/\.config\.json$/.digest/')")
   read -r id size < <("$engine" image inspect --format '{{.Id}} {{.Size}}' "$ref")
   [ "${id#sha256:}" = "${expected#sha256:}" ] || { echo "images: $ref loaded as $id, built as $expected" >&2; exit 1; }
-  printf '%-22s %-16s %-73s %s MB\n' "$name" "latest,$tag" "sha256:${id#sha256:}" "$(( size / 1000000 ))"
+  printf '%-18s %-24s %-73s %s MB\n' "$name" "latest,$tag" "sha256:${id#sha256:}" "$(( size / 1000000 ))"
 done <"$list"
