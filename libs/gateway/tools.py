@@ -123,12 +123,12 @@ def forced_schema(
     for tool in tools:
         params = copy.deepcopy(tool.function.parameters)
         if params is not None:
-            for name, schema in (params.pop("$defs", None) or {}).items():
-                if name in definitions and definitions[name] != schema:
+            for name, definition in (params.pop("$defs", None) or {}).items():
+                if name in definitions and definitions[name] != definition:
                     raise ValueError(
                         f"Tool definition '{name}' has multiple schemas, which is not supported."
                     )
-                definitions[name] = schema
+                definitions[name] = definition
         alternatives.append(
             {
                 "properties": {

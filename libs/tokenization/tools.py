@@ -11,15 +11,21 @@ from typing import Any, Protocol
 
 
 class ParsedCallLike(Protocol):
-    id: str
-    name: str
-    arguments: str
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> str: ...
 
 
 class ParsedToolCallsLike(Protocol):
-    tools_called: bool
-    calls: Sequence[ParsedCallLike]
-    content: str
+    @property
+    def tools_called(self) -> bool: ...
+    @property
+    def calls(self) -> Sequence[ParsedCallLike]: ...
+    @property
+    def content(self) -> str: ...
 
 
 class ToolCallParser(Protocol):

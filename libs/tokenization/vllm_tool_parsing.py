@@ -49,7 +49,7 @@ class VllmToolCallParser:
             {"messages": [], "tools": tools, "tool_choice": "auto" if tools else "none"}
         )
         # A parser keeps state per response (vLLM makes one per request too).
-        parser = self._parser_class(hf_tokenizer, request.tools)
+        parser = self._parser_class(hf_tokenizer, list(request.tools) if request.tools else None)
         info = parser.extract_tool_calls(text, request)
         calls = tuple(ParsedCall(c.id or "", c.function.name, c.function.arguments) for c in info.tool_calls)
         return ParsedToolCalls(bool(info.tools_called), calls, info.content or "")

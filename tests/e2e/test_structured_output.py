@@ -129,7 +129,7 @@ def test_every_json_schema_answer_parses_and_validates(stack: tuple[str, str]) -
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
 
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
@@ -213,7 +213,7 @@ def test_a_forced_tool_streams_its_arguments_in_openais_format(stack: tuple[str,
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "stream": True,
     }
-    deltas = []
+    deltas: list[dict[str, Any]] = []
     finish = None
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=300) as response:
         assert response.status_code == 200
@@ -259,13 +259,14 @@ def get_weather(city: str) -> str:
 
 def test_langchain_structured_output_and_a_forced_tool(stack: tuple[str, str]) -> None:
     _mode, base_url = stack
-    llm = ChatOpenAI(
-        base_url=f"{base_url}/v1",
-        api_key="unused",
-        model=served(base_url),
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-    )
+    settings = {
+        "base_url": f"{base_url}/v1",
+        "api_key": "unused",
+        "model": served(base_url),
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
+    llm = ChatOpenAI.model_validate(settings)
     city = llm.with_structured_output(City, method="json_schema").invoke("Describe Paris.")
     assert isinstance(city, City)
     message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather in Oslo?")

@@ -15,7 +15,7 @@ from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest
 from libs.gateway.requests import sampling_params
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "weather",

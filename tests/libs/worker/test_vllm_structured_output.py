@@ -55,7 +55,9 @@ async def run(llm: _AsyncLLM, spec: common_pb2.StructuredOutput) -> None:
 
 async def test_the_constraint_reaches_vllm_as_its_structured_outputs_params() -> None:
     llm = _AsyncLLM()
-    await run(llm, common_pb2.StructuredOutput(json_schema='{"type": "integer"}', disable_any_whitespace=True))
+    await run(
+        llm, common_pb2.StructuredOutput(json_schema='{"type": "integer"}', disable_any_whitespace=True)
+    )
     structured = llm.params[0].structured_outputs
     assert isinstance(structured, StructuredOutputsParams)
     assert structured.json == '{"type": "integer"}' and structured.disable_any_whitespace is True

@@ -93,8 +93,7 @@ async def test_tools_and_tool_messages_reach_the_template(stub: tokenizer_pb2_gr
         pb.RenderChatRequest(messages=messages, tools_json=json.dumps([WEATHER]))
     )
     assert (
-        response.prompt
-        == "TOOLS:weather;<user>Weather?\n<assistant>CALL c1 weather(Oslo)\n<tool>[c1]sunny\n"
+        response.prompt == "TOOLS:weather;<user>Weather?\n<assistant>CALL c1 weather(Oslo)\n<tool>[c1]sunny\n"
     )
 
 
