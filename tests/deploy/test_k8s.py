@@ -1,0 +1,206 @@
+"""deploy/k8s: every overlay renders with kustomize (`kubectl kustomize`), every object validates
+against the Kubernetes OpenAPI schemas offline (kubernetes-validate, strict: unknown fields
+fail), and the objects have what a Cleave deployment needs: Cleave images, native gRPC probes,
+headless worker Services the gateway's addresses name, PodDisruptionBudgets, resource
+requests, nothing published outside the cluster, and container args every service accepts."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy.service_flags import host_port, image_name, parse_command
+from tests.deploy.tools import tool
+
+K8S_DIR = Path(__file__).parent.parent.parent / "deploy" / "k8s"
+OVERLAYS = ["pd", "1p1d", "2p1d"]
+# The oldest Kubernetes the manifests are for: policy/v1 PDBs (1.21), gRPC probes (GA in 1.27).
+KUBERNETES_VERSION = "1.27.0"
+# What the downward API gives a pod (status.podIP) when the test expands $(POD_IP).
+EXAMPLE_POD_IP = "10.244.1.7"
+GRPC_IMAGES = {"cleave-tokenizer", "cleave-worker", "cleave-kvstore"}
+
+
+def kubectl() -> str:
+    return tool("kubectl", "kubernetes-client", "overlays not rendered (base and workers still validated)")
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(K8S_DIR / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl kustomize {overlay}: {result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def raw_objects() -> list[dict[str, Any]]:
+    """Every object of the base and the workers as written (no overlay applied)."""
+    files = sorted((K8S_DIR / "base").glob("*.yaml")) + sorted((K8S_DIR / "workers").glob("*/*.yaml"))
+    docs = [doc for f in files if f.name != "kustomization.yaml" for doc in yaml.safe_load_all(f.read_text())]
+    return [doc for doc in docs if doc]
+
+
+def objects(overlay: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in render(overlay)}
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return obj["spec"]["template"]["spec"]["containers"]
+
+
+def expanded_args(container: dict[str, Any], objs: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """The args as the kubelet passes them: $(VAR) replaced from the container's env."""
+    values: dict[str, str] = {}
+    for env in container.get("env", []):
+        source = env.get("valueFrom", {})
+        if "value" in env:
+            values[env["name"]] = env["value"]
+        elif source.get("fieldRef", {}).get("fieldPath") == "status.podIP":
+            values[env["name"]] = EXAMPLE_POD_IP
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            values[env["name"]] = objs[("ConfigMap", ref["name"])]["data"][ref["key"]]
+    missing = [m for arg in container["args"] for m in re.findall(r"\$\((\w+)\)", arg) if m not in values]
+    assert not missing, f"{container['name']}: args use undefined variables {missing}"
+    return [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], arg) for arg in container["args"]]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_validates_against_the_kubernetes_schemas(overlay: str) -> None:
+    for obj in render(overlay):
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_base_and_workers_validate_as_written() -> None:
+    # Without kubectl the overlays are not rendered; the objects they are made of still are checked.
+    for obj in raw_objects():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_validator_refuses_an_unknown_field() -> None:
+    deployment = next(o for o in raw_objects() if o["kind"] == "Deployment")
+    broken = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_containers_run_cleave_images_with_probes_and_resources(overlay: str) -> None:
+    for (kind, name), obj in objects(overlay).items():
+        if kind != "Deployment":
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        assert not pod.get("hostNetwork"), name
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        for container in containers(obj):
+            image = image_name(container["image"])
+            assert image.startswith("cleave-"), f"{name}: {container['image']}"
+            assert container["readinessProbe"] and container["livenessProbe"], name
+            assert (
+                container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+            ), name
+            assert container["resources"]["limits"]["memory"], name
+            assert not any("hostPort" in p for p in container.get("ports", [])), f"{name} uses a hostPort"
+            if image in GRPC_IMAGES and "command" not in container:  # Redis overrides the command
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert "grpc" in container[probe], f"{name}: {probe} is not the gRPC health service"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_stay_inside_the_cluster(overlay: str) -> None:
+    for (kind, name), obj in objects(overlay).items():
+        if kind == "Service":
+            assert obj["spec"].get("type", "ClusterIP") == "ClusterIP", (
+                f"{name} is published outside the cluster"
+            )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_args_are_flags_the_services_accept_and_addresses_name_the_services(overlay: str) -> None:
+    objs = objects(overlay)
+    parsed: dict[str, Any] = {}
+    for (kind, name), obj in objs.items():
+        if kind == "Deployment":
+            container = containers(obj)[0]
+            if "command" not in container:
+                parsed[name] = parse_command(container["image"], expanded_args(container, objs))
+
+    def service_port(address: str, image: str, *, headless: bool) -> None:
+        host, port = host_port(address)
+        service = objs.get(("Service", host))
+        assert service is not None, f"{address}: no Service {host!r}"
+        assert (service["spec"].get("clusterIP") == "None") == headless, (
+            f"{host}: headless should be {headless}"
+        )
+        target = objs[("Deployment", host)]
+        assert service["spec"]["selector"].items() <= target["spec"]["template"]["metadata"]["labels"].items()
+        assert image_name(containers(target)[0]["image"]) == image, address
+        assert any(p["port"] == port for p in service["spec"]["ports"]), address
+        assert parsed[host].port == port, f"{address}: the pods listen on {parsed[host].port}"
+
+    gateway = parsed["gateway"]
+    assert not gateway.launches_stack and gateway.worker_dns_refresh_s > 0
+    service_port(gateway.tokenizer, "cleave-tokenizer", headless=False)
+    service_port(gateway.kvstore_address, "cleave-kvstore", headless=False)
+    workers = gateway.prefill_workers + gateway.decode_workers + gateway.pd_workers
+    # Headless: the name resolves to every ready pod, so scaling needs no gateway change.
+    for address in workers:
+        service_port(address, "cleave-worker", headless=True)
+    assert {host_port(a)[0] for a in workers} == ({"pd"} if overlay == "pd" else {"prefill", "decode"})
+    for name, config in parsed.items():
+        assert config.host == "0.0.0.0", f"{name} must listen on the pod's address"
+
+
+@pytest.mark.parametrize("overlay", ["1p1d", "2p1d"])
+def test_prefill_advertises_its_pod_ip_and_decode_trusts_the_pod_network(overlay: str) -> None:
+    objs = objects(overlay)
+    prefill = parse_command(
+        "cleave-worker", expanded_args(containers(objs[("Deployment", "prefill")])[0], objs)
+    )
+    decode = parse_command(
+        "cleave-worker", expanded_args(containers(objs[("Deployment", "decode")])[0], objs)
+    )
+    assert prefill.kv_host == EXAMPLE_POD_IP and prefill.kv_port
+    networks = [ipaddress.ip_network(h, strict=False) for h in decode.kv_allowed_hosts if "/" in h]
+    assert any(ipaddress.ip_address(EXAMPLE_POD_IP) in n for n in networks)
+    ports = {p["name"]: p["containerPort"] for p in containers(objs[("Deployment", "prefill")])[0]["ports"]}
+    assert ports["nixl"] == prefill.kv_port
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_worker_and_the_gateway_have_a_disruption_budget(overlay: str) -> None:
+    objs = objects(overlay)
+    budgets = {name: obj for (kind, name), obj in objs.items() if kind == "PodDisruptionBudget"}
+    for (kind, name), obj in objs.items():
+        if kind == "Deployment" and (
+            name == "gateway" or image_name(containers(obj)[0]["image"]) == "cleave-worker"
+        ):
+            assert name in budgets, f"{name} has no PodDisruptionBudget"
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert budgets[name]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_topologies_differ_in_their_workers_only() -> None:
+    replicas = {
+        overlay: {
+            name: obj["spec"]["replicas"]
+            for (kind, name), obj in objects(overlay).items()
+            if kind == "Deployment"
+        }
+        for overlay in OVERLAYS
+    }
+    shared = {"gateway": 1, "tokenizer": 1, "kvstore": 1, "redis": 1}
+    assert replicas["pd"] == {**shared, "pd": 1}
+    assert replicas["1p1d"] == {**shared, "prefill": 1, "decode": 1}
+    assert replicas["2p1d"] == {**shared, "prefill": 2, "decode": 1}
