@@ -7,10 +7,11 @@ hands them to the workers it launches with `libs.config.flags.compose`.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, PORT, POSITIVE_INT
+from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, PORT, POSITIVE_INT, enum_of
 from libs.config.flags import FLOAT, PATH, flag
 from libs.models.spec import DEFAULT_MODEL
 
@@ -73,12 +74,25 @@ class EngineFlags:
     )
 
 
+class CpuBinding(enum.Enum):
+    """Where a CPU engine's OpenMP threads run (vLLM's VLLM_CPU_OMP_THREADS_BIND)."""
+
+    CORES = "cores"  # one thread per core of the device group, or of every usable core
+    AUTO = "auto"  # vLLM's choice: leaves a core per engine to its EngineCore process
+    NOBIND = "nobind"  # no binding: OpenMP's and the kernel's defaults
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoleFlags:
     """Settings of one worker role; the gateway spells them --prefill-NAME / --decode-NAME."""
 
     device_group: tuple[int, ...] = flag(
         (), codec=DEVICE_GROUP, help="cores (CPU) or device ids: '0..15', '0,2,4' or '3' (default: all)"
+    )
+    cpu_binding: CpuBinding = flag(
+        CpuBinding.CORES,
+        codec=enum_of(CpuBinding),
+        help="CPU: 'cores' (threads on every core of the device group), 'auto' (vLLM's binding) or 'nobind'",
     )
     max_num_seqs: int = flag(8, codec=POSITIVE_INT, help="sequences the engine runs at once")
     max_seq_len_to_capture: int | None = flag(

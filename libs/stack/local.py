@@ -58,9 +58,19 @@ def split_cores(cores: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...
 
 
 def with_default_groups(config: StackConfig, cores: tuple[int, ...]) -> StackConfig:
-    if config.prefill.device_group or config.decode.device_group or config.mode.colocated:
+    """Device groups for a disaggregated stack's roles: the halves of `cores`, or, when one
+    role's group is given, the other cores for the other role. A colocated (pd) worker keeps
+    no group and computes on every core it may use (libs/worker/engine_args.py)."""
+    given_prefill, given_decode = config.prefill.device_group, config.decode.device_group
+    if config.mode.colocated or (given_prefill and given_decode):
         return config
-    prefill_group, decode_group = split_cores(cores)
+    if given_prefill or given_decode:
+        rest = tuple(core for core in sorted(cores) if core not in (given_prefill or given_decode))
+        if not rest:
+            return config
+        prefill_group, decode_group = (given_prefill, rest) if given_prefill else (rest, given_decode)
+    else:
+        prefill_group, decode_group = split_cores(cores)
     if not prefill_group:
         return config
     log.info("pinning local workers to cores", prefill=prefill_group, decode=decode_group)
@@ -128,16 +138,6 @@ def _start_kvstore(config: StackConfig, stack: LocalStack, security: GrpcSecurit
     return stack.start("kvstore", "kvstore", "services.kvstore.main", kvstore).wait_bound()
 
 
-async def launch(
-    config: StackConfig,
-    stack: LocalStack,
-    security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
-) -> StackAddresses:
-    """Starts the tokenizer, the kvstore (if asked) and the workers; returns once all serve.
-    The stack restarts crashed children by the config's --restart-* policy from then on.
-    Every child gets `security`'s flags: it serves, and calls the others, with them."""
-    stack.restart_policy = config.restart_policy
-    resolved = resolve_model(
 def tokenizer_config(
     config: StackConfig,
     security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
@@ -152,6 +152,16 @@ def tokenizer_config(
     )
 
 
+async def launch(
+    config: StackConfig,
+    stack: LocalStack,
+    security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
+) -> StackAddresses:
+    """Starts the tokenizer, the kvstore (if asked) and the workers; returns once all serve.
+    The stack restarts crashed children by the config's --restart-* policy from then on.
+    Every child gets `security`'s flags: it serves, and calls the others, with them."""
+    stack.restart_policy = config.restart_policy
+    resolved = resolve_model(
         config.model, config.model_cache_dir, progress=True, allow_download=config.allow_model_download
     )
     served = config.served_model_name or resolved.served_name

@@ -7,10 +7,11 @@ applies `engine_environment()` before it imports vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from libs.config.flags import compose, render
-from libs.config.groups import GrpcSecurityFlags
+from libs.config.groups import CpuBinding, GrpcSecurityFlags
 from libs.worker.config import Device, Role, WorkerConfig
 from libs.worker.speculative import vllm_speculative_kwargs
 
@@ -126,8 +127,21 @@ def _kvstore_connector(config: WorkerConfig) -> dict[str, Any]:
     }
 
 
-def engine_environment(config: WorkerConfig) -> dict[str, str]:
-    """Environment variables vLLM must see before the engine starts."""
+def cpu_cores(config: WorkerConfig, usable_cores: Collection[int]) -> tuple[int, ...]:
+    """The cores a CPU engine's OpenMP threads run on: its device group, else every core this
+    process may use (`os.sched_getaffinity`, which the caller reads).
+
+    This, not vLLM's automatic binding, is the default (`--cpu-binding cores`): vLLM's keeps
+    one core per engine out of the OpenMP team for its EngineCore process, which on CPU mostly
+    spin-waits for the model runner, so on 2 cores the model ran on one core while the spin
+    took the other (docs/benchmarks.md, "All cores by default", 2026-12-01).
+    """
+    return config.device_group or tuple(sorted(usable_cores))
+
+
+def engine_environment(config: WorkerConfig, usable_cores: Collection[int]) -> dict[str, str]:
+    """Environment variables vLLM must see before the engine starts; `usable_cores`: the cores
+    this process may run on."""
     env = {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": config.kv_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(config.kv_port),
@@ -137,10 +151,12 @@ def engine_environment(config: WorkerConfig) -> dict[str, str]:
     }
     if config.verbose >= 2:
         env["VLLM_LOGGING_LEVEL"] = "DEBUG"
-    group = ",".join(str(i) for i in config.device_group)
     if config.device is Device.CPU:
-        if group:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = group
-    elif config.device is Device.CUDA and group:
-        env["CUDA_VISIBLE_DEVICES"] = group
+        # Always set, so that a VLLM_CPU_OMP_THREADS_BIND this process inherited never decides.
+        if config.cpu_binding is CpuBinding.CORES:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(i) for i in cpu_cores(config, usable_cores))
+        else:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_binding.value
+    elif config.device is Device.CUDA and config.device_group:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.device_group)
     return env

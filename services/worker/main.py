@@ -135,8 +135,9 @@ async def serve(
 
 
 async def run(config: WorkerConfig, security: RpcSecurity) -> int:
-    # vLLM reads these from the environment; set them before it is imported.
-    os.environ.update(engine_environment(config))
+    # vLLM reads these from the environment; set them before it is imported. With no device
+    # group, the engine's threads take every core this process may use.
+    os.environ.update(engine_environment(config, os.sched_getaffinity(0)))
     from libs.worker.vllm_engine import VllmEngine
 
     deferred = DeferredServicer(WorkerServicer)

@@ -31,7 +31,7 @@ def main(
         dtype=dtype,
         max_model_len=int(max_model_len) if max_model_len else None,
     )
-    os.environ.update(engine_environment(config))
+    os.environ.update(engine_environment(config, os.sched_getaffinity(0)))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -85,6 +85,7 @@ GRPC_SECURITY_ARGV = [
         (WorkerConfig, ["--role", "decode", "--device-group", "1", "--kv-cache-bytes", "2GiB",
                         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}', "--kvstore-address", "h:1", "--kv-port", "9"]),
         (WorkerConfig, ["--role", "prefill", "--override-qaic-config", "a:1", "--device", "qaic", "--log-json"]),
+        (WorkerConfig, ["--cpu-binding", "auto"]),
         (TokenizerServerConfig, ["--model", "/m", "--max-model-len", "8192", "--port-file", "/tmp/p"]),
         (KvStoreProcessConfig, ["--cpu-bytes", "512MiB", "--disk-dir", "/tmp/kv", "--redis-url", "redis://h:1"]),
         *((cls, GRPC_SECURITY_ARGV) for cls in (WorkerConfig, TokenizerServerConfig, KvStoreProcessConfig)),

@@ -4,7 +4,7 @@ import stat
 from pathlib import Path
 
 from libs.config.flags import compose, parse, render
-from libs.config.groups import GrpcSecurityFlags
+from libs.config.groups import CpuBinding, GrpcSecurityFlags
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.stack.config import StackConfig
 from libs.stack.local import (
@@ -17,6 +17,7 @@ from libs.stack.local import (
 )
 from libs.tokenization.server_config import TokenizerServerConfig
 from libs.worker.config import Role, WorkerConfig
+from libs.worker.engine_args import engine_environment
 
 
 def test_role_flags_reach_that_roles_workers_only() -> None:
@@ -24,10 +25,13 @@ def test_role_flags_reach_that_roles_workers_only() -> None:
         StackConfig,
         ["--prefill-kv-cache-bytes", "512MiB", "--decode-kv-cache-bytes", "2GiB", "--decode-max-num-seqs", "16",
          "--decode-port", "9800", "--max-model-len", "4096", "--dtype", "float32", "--log-level", "debug",
-         "--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'],
+         "--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}',
+         "--prefill-cpu-binding", "auto"],
     )  # fmt: skip
     prefill = worker_config(config, Role.PREFILL, config.prefill, 0, None)
     decode = worker_config(config, Role.DECODE, config.decode, 1, "127.0.0.1:7700")
+    assert (prefill.cpu_binding, decode.cpu_binding) == (CpuBinding.AUTO, CpuBinding.CORES)
+    assert parse(WorkerConfig, render(prefill)) == prefill
     assert (prefill.kv_cache_bytes, decode.kv_cache_bytes) == (512 << 20, 2 << 30)
     assert (prefill.max_num_seqs, decode.max_num_seqs) == (8, 16)
     assert (prefill.port, decode.port) == (0, 9801)  # --decode-port is the first decode worker's
@@ -74,8 +78,33 @@ def test_default_groups_split_the_usable_cores() -> None:
     assert (config.prefill.device_group, config.decode.device_group) == ((0,), (1,))
     colocated = with_default_groups(parse(StackConfig, ["--mode", "pd"]), (0, 1))
     assert colocated.decode.device_group == ()
+    # One role's group given: the other role takes the other cores, not every core.
     given = with_default_groups(parse(StackConfig, ["--decode-device-group", "1"]), (0, 1))
-    assert given.prefill.device_group == ()
+    assert (given.prefill.device_group, given.decode.device_group) == ((0,), (1,))
+    given = with_default_groups(parse(StackConfig, ["--prefill-device-group", "2"]), (0, 1, 2, 3))
+    assert (given.prefill.device_group, given.decode.device_group) == ((2,), (0, 1, 3))
+    # Nothing left for the other role: as given (it computes on every usable core).
+    given = with_default_groups(parse(StackConfig, ["--prefill-device-group", "0,1"]), (0, 1))
+    assert given.decode.device_group == ()
+
+
+def test_a_pd_worker_computes_on_every_usable_core_and_disaggregated_ones_keep_their_groups() -> None:
+    usable = (0, 1, 2, 3)
+
+    def bind(args: list[str], role: Role) -> str:
+        config = with_default_groups(parse(StackConfig, args), usable)
+        options = config.prefill if role is Role.PREFILL else config.decode
+        # As the child sees it: rendered to flags and parsed back.
+        worker = parse(WorkerConfig, render(worker_config(config, role, options, 0, None)))
+        return engine_environment(worker, usable)["VLLM_CPU_OMP_THREADS_BIND"]
+
+    assert bind(["--mode", "pd"], Role.BOTH) == "0,1,2,3"
+    assert bind(["--mode", "pd", "--decode-device-group", "1"], Role.BOTH) == "1"
+    assert bind(["--mode", "1p1d"], Role.PREFILL) == "0,1"
+    assert bind(["--mode", "1p1d"], Role.DECODE) == "2,3"
+    assert bind(["--mode", "2p1d", "--prefill-device-group", "3"], Role.PREFILL) == "3"
+    assert bind(["--mode", "2p1d", "--prefill-device-group", "3"], Role.DECODE) == "0,1,2"
+    assert bind(["--mode", "1p1d", "--prefill-device-group", "0-3"], Role.DECODE) == "0,1,2,3"
 
 
 def test_the_gateways_grpc_security_flags_reach_every_child(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import pytest
 
 from libs.config.errors import ConfigError
 from libs.config.flags import parse
-from libs.config.groups import GrpcSecurityFlags
+from libs.config.groups import CpuBinding, GrpcSecurityFlags
 from libs.worker.config import Device, Role, WorkerConfig
-from libs.worker.engine_args import engine_environment, engine_kwargs
+from libs.worker.engine_args import cpu_cores, engine_environment, engine_kwargs
 
 
 def config(**overrides: object) -> WorkerConfig:
@@ -83,12 +83,30 @@ def test_draft_model_form_reaches_vllm_translated_and_the_qaic_plugin_in_additio
 
 
 def test_environment_pins_cpu_threads_and_side_channel() -> None:
-    env = engine_environment(config(device_group=(0, 2), kv_port=5601))
+    env = engine_environment(config(device_group=(0, 2), kv_port=5601), usable_cores={0, 1, 2, 3})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,2"
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
     assert env["PYTHONHASHSEED"] == "0"
-    cuda = engine_environment(config(device=Device.CUDA, device_group=(3,)))
+    cuda = engine_environment(config(device=Device.CUDA, device_group=(3,)), usable_cores={0, 1})
     assert cuda["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in cuda
+
+
+def test_a_cpu_worker_without_a_device_group_binds_its_threads_to_every_usable_core() -> None:
+    # Not vLLM's automatic binding ("auto"), which leaves a core to its spinning EngineCore.
+    env = engine_environment(config(role=Role.BOTH), usable_cores={5, 3, 4, 0})
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,3,4,5"
+    assert cpu_cores(config(), usable_cores={1, 0}) == (0, 1)
+    assert cpu_cores(config(device_group=(1,)), usable_cores={1, 0}) == (1,)
+    # An inherited VLLM_CPU_OMP_THREADS_BIND never decides: the flag does.
+    assert (
+        engine_environment(config(cpu_binding=CpuBinding.AUTO), {0, 1})["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    )
+    nobind = engine_environment(config(cpu_binding=CpuBinding.NOBIND, device_group=(1,)), {0, 1})
+    assert nobind["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    # A GPU worker without a group sees every GPU (vLLM's default).
+    cuda = engine_environment(config(device=Device.CUDA), usable_cores={0, 1})
+    assert "CUDA_VISIBLE_DEVICES" not in cuda
     assert "VLLM_CPU_OMP_THREADS_BIND" not in cuda
 
 
