@@ -38,7 +38,8 @@ def split(data: Any) -> tuple[str, list[ChatCompletionRequest]]:
         raise errors.invalid("Batch chat completions do not support streaming.", "stream")
     if data.get("tools") or data.get("tool_choice") not in (None, "none"):
         raise errors.invalid("Batch chat completions do not support tools.", "tools")
-    base = data.get("request_id") if isinstance(data.get("request_id"), str) else uuid.uuid4().hex
+    given = data.get("request_id")
+    base = given if isinstance(given, str) else uuid.uuid4().hex
     shared = {k: v for k, v in data.items() if k not in ("messages", "request_id")}
     requests = []
     for i, conversation in enumerate(conversations):

@@ -239,7 +239,7 @@ async def test_chat_echo_role_token_ids_prompt_logprobs() -> None:
         }
     )
     made = spec(prompt=(1, 2))
-    events = [
+    events: list[SequenceEvent | Finished] = [
         SequenceEvent(0, " world", [3], [], "length"),
         Finished(2, 1, 0, [common_pb2.TokenLogprob(), token(2, -1.0)]),
     ]

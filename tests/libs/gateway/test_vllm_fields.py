@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import structlog
+from pydantic import BaseModel
 from vllm.entrypoints.openai.chat_completion.protocol import BatchChatCompletionRequest as VllmBatch
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmChat
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest as VllmCompletion
@@ -19,7 +20,9 @@ PAIRS = [(VllmCompletion, CompletionRequest), (VllmChat, ChatCompletionRequest)]
 
 
 @pytest.mark.parametrize(("vllm_model", "cleave_model"), PAIRS)
-def test_every_vllm_field_is_implemented_or_listed(vllm_model: type, cleave_model: type) -> None:
+def test_every_vllm_field_is_implemented_or_listed(
+    vllm_model: type[BaseModel], cleave_model: type[BaseModel]
+) -> None:
     implemented = set(cleave_model.model_fields)
     listed = set(REFUSED) | set(IGNORED)
     missing = sorted(set(vllm_model.model_fields) - implemented - listed)
@@ -27,7 +30,9 @@ def test_every_vllm_field_is_implemented_or_listed(vllm_model: type, cleave_mode
 
 
 @pytest.mark.parametrize(("vllm_model", "cleave_model"), PAIRS)
-def test_no_field_is_both_implemented_and_listed(vllm_model: type, cleave_model: type) -> None:
+def test_no_field_is_both_implemented_and_listed(
+    vllm_model: type[BaseModel], cleave_model: type[BaseModel]
+) -> None:
     # A field Cleave declares is read from the model, never from its extras: listing it too
     # would be a dead entry (refused or ignored in words, implemented in fact).
     both = sorted(set(cleave_model.model_fields) & (set(REFUSED) | set(IGNORED)))
@@ -58,7 +63,7 @@ def test_neutral_values_of_refused_fields_are_vllm_defaults() -> None:
         ({"logprob_token_ids": [1], "logprobs": 1}, "logprob_token_ids"),
     ],
 )
-def test_refused_fields_are_a_400_naming_the_field(body: dict, param: str) -> None:
+def test_refused_fields_are_a_400_naming_the_field(body: dict[str, object], param: str) -> None:
     request = CompletionRequest.model_validate({"model": "m", "prompt": "hi", **body})
     with pytest.raises(errors.ApiError) as raised:
         check_supported(request)
