@@ -15,6 +15,7 @@ from libs.gateway.extensions import apply_sampling_extensions, message_extra_jso
 from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from libs.gateway.structured import request_constraint
 from libs.gateway.tools import add_tool_fields, tools_json
+from libs.gateway.validation_errors import validation_failed
 from libs.gateway.vllm_fields import check_refused
 
 T = TypeVar("T")
@@ -126,8 +127,5 @@ async def tokenizer_call(call: Awaitable[T]) -> T:
 
 
 def validation_error(details: Sequence[Mapping[str, Any]]) -> errors.ApiError:
-    """A body that failed validation -> a 400 naming the first bad field, as OpenAI's API does."""
-    first = details[0] if details else {"msg": "invalid request", "loc": ()}
-    location = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    message = f"{location}: {first['msg']}" if location else str(first["msg"])
-    return errors.invalid(message, location or None)
+    """A body that failed validation -> vLLM's 400 for it (libs/gateway/validation_errors.py)."""
+    return validation_failed(details)

@@ -113,7 +113,8 @@ async def sse_events(
                 clock.token_event()
                 choice = await chunks.choice(event, token_text)
                 completion_tokens += len(event.token_ids)
-                if fmt.options.continuous_usage_stats:
+                # vLLM's rule (should_include_usage): continuous stats only with include_usage.
+                if fmt.options.include_usage and fmt.options.continuous_usage_stats:
                     # The prompt's cached tokens are only known at the end: 0 until then.
                     yield chunks.chunk(
                         [choice],

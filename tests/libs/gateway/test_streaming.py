@@ -150,6 +150,21 @@ async def test_continuous_usage_stats_count_the_tokens_streamed_so_far() -> None
     ]
 
 
+async def test_continuous_usage_stats_without_include_usage_send_no_usage() -> None:
+    # As vLLM: continuous_usage_stats only adds to include_usage, it does not imply it.
+    events: list[SequenceEvent | Finished] = [
+        SequenceEvent(0, "Hello,", [1, 2]),
+        SequenceEvent(0, " world", [3], finish_reason="stop"),
+        Finished(prompt_tokens=2, completion_tokens=3, cached_prompt_tokens=0),
+    ]
+    for chat in (False, True):
+        payloads = await stream(
+            ScriptedPipeline(events), stream_format(chat=chat, continuous_usage_stats=True)
+        )
+        assert payloads[-1] == "[DONE]"
+        assert not any("usage" in c for c in payloads[:-1])
+
+
 async def test_streamed_logprobs_are_formatted_per_chunk() -> None:
     events: list[SequenceEvent | Finished] = [
         SequenceEvent(0, "Hello", [1], [token(1, -0.5, (1, -0.5), (6, -1.0))]),

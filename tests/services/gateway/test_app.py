@@ -123,7 +123,7 @@ async def test_errors_are_openai_error_objects_with_their_status() -> None:
     assert wrong_model.status_code == 404
     assert wrong_model.json()["error"]["code"] == "model_not_found"
     assert invalid.status_code == 400
-    assert invalid.json()["error"]["param"] == "n"
+    assert invalid.json()["error"]["param"] == "body.n"  # as vLLM names it
     assert too_long.status_code == 400
     assert too_long.json()["error"]["code"] == "context_length_exceeded"
     assert requests_counted("/v1/completions", "404") - before == 1
