@@ -5,6 +5,7 @@ every service accepts, whose addresses name the stack's own services."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -25,6 +26,7 @@ def compose_binary() -> str:
     return tool("docker-compose", "docker-compose", "compose files not validated")
 
 
+@functools.cache
 def compose(stack: str, *args: str) -> str:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -36,7 +38,7 @@ def compose(stack: str, *args: str) -> str:
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=600,  # seconds on an idle machine; CI machines can be very loaded
         check=False,
     )
     assert result.returncode == 0, f"docker-compose {' '.join(args)} of {stack}: {result.stderr}"

@@ -6,6 +6,7 @@ requests, nothing published outside the cluster, and container args every servic
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import subprocess
@@ -32,16 +33,22 @@ def kubectl() -> str:
     return tool("kubectl", "kubernetes-client", "overlays not rendered (base and workers still validated)")
 
 
-def render(overlay: str) -> list[dict[str, Any]]:
+@functools.cache
+def render_text(overlay: str) -> str:
     result = subprocess.run(
         [kubectl(), "kustomize", str(K8S_DIR / "overlays" / overlay)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # seconds on an idle machine; CI machines can be very loaded
         check=False,
     )
     assert result.returncode == 0, f"kubectl kustomize {overlay}: {result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return result.stdout
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    """The overlay's objects (parsed afresh: tests may not share mutable objects)."""
+    return [doc for doc in yaml.safe_load_all(render_text(overlay)) if doc]
 
 
 def raw_objects() -> list[dict[str, Any]]:
