@@ -48,6 +48,7 @@ dump_state() {
 
 teardown() {
   local rc=$?
+  if [ -n "${up_pid:-}" ]; then kill "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null || true; fi
   if [ "$rc" -ne 0 ]; then dump_state; fi
   if [ "$keep" -eq 1 ]; then log "--keep: leaving $project up"; exit "$rc"; fi
   log "down"
@@ -73,10 +74,20 @@ log "validate $compose_file"
 
 started=$(date +%s)
 log "up (CLEAVE_TAG=$CLEAVE_TAG; waits for the services' health checks, at most ${up_timeout}s)"
-timeout "$up_timeout" "${compose[@]}" up -d >&2
+deadline=$(( started + up_timeout ))
+# docker-compose 1.29 gives up on `depends_on: service_healthy` as soon as a dependency is
+# unhealthy, even one still loading on a busy machine that turns healthy later; `up` again
+# picks up where it stopped, so retry until the deadline (logs are printed if it passes).
+# (In the background and waited for, so that a teardown can stop an `up` still creating.)
+up() { timeout $(( deadline - $(date +%s) )) "${compose[@]}" up -d >&2 & up_pid=$!; wait "$up_pid"; }
+until up; do
+  if [ $(( deadline - $(date +%s) )) -le 15 ]; then log "stack not up after ${up_timeout}s"; exit 1; fi
+  log "not up yet; containers now:"
+  docker ps --filter "label=com.docker.compose.project=$project" --format '    {{.Names}}: {{.Status}}' >&2
+  sleep 15
+done
 
 log "waiting for the gateway's /ready on 127.0.0.1:$port"
-deadline=$(( $(date +%s) + up_timeout ))
 until curl -fsS -o /dev/null --max-time 5 "http://127.0.0.1:$port/ready"; do
   if [ "$(date +%s)" -ge "$deadline" ]; then log "gateway not ready after ${up_timeout}s"; exit 1; fi
   sleep 3

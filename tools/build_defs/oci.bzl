@@ -29,8 +29,10 @@ def _binary_files(ctx, binary):
     legacy `<workspace>/external/...` duplicates of external files."""
     files = binary[DefaultInfo].default_runfiles.files.to_list()
     executable = binary[DefaultInfo].files_to_run.executable
+    if executable:
+        files.append(executable)
     pairs = {}
-    for f in files + [executable]:
+    for f in files:
         path = _runfiles_path(ctx, f)
         if not path.startswith(ctx.workspace_name + "/external/"):
             pairs[path] = f
@@ -61,7 +63,7 @@ _TOOL_ATTRS = {
 
 def _deps_layer_impl(ctx):
     chosen = {}
-    for binary in ctx.attr.binaries:
+    for binary in ctx.attr.binaries + ctx.attr.packages:
         for path, f in _binary_files(ctx, binary).items():
             if path.startswith(_DEPS_PREFIX):
                 chosen[path] = f
@@ -74,7 +76,11 @@ def _deps_layer_impl(ctx):
 
 oci_py_deps_layer = rule(
     implementation = _deps_layer_impl,
-    attrs = dict(_TOOL_ATTRS, binaries = attr.label_list(mandatory = True)),
+    attrs = dict(
+        _TOOL_ATTRS,
+        binaries = attr.label_list(mandatory = True),
+        packages = attr.label_list(doc = "more @pypi libraries, for what the image's Python needs beyond the host's"),
+    ),
     doc = "One layer holding the third-party packages (runfiles under pypi/) of all `binaries`.",
 )
 
