@@ -72,6 +72,13 @@ class EngineFlags:
     generation_config: str = flag(
         "vllm", help="'vllm' (vLLM's sampling defaults) or 'auto' (the model's generation_config.json)"
     )
+    # vLLM's --structured-outputs-config: its xgrammar backend reads disable_any_whitespace only
+    # from the engine's config (a request's own option does not reach it).
+    structured_outputs_config: str | None = flag(
+        None,
+        help="vLLM's structured-outputs config as JSON for every engine, e.g. "
+        "'{\"disable_any_whitespace\": true}' (no whitespace between JSON tokens)",
+    )
 
 
 class CpuBinding(enum.Enum):

@@ -7,9 +7,11 @@ applies `engine_environment()` before it imports vLLM.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from typing import Any
 
+from libs.config.errors import ConfigError
 from libs.config.flags import compose, render
 from libs.config.groups import CpuBinding, GrpcSecurityFlags
 from libs.worker.config import Device, Role, WorkerConfig
@@ -18,6 +20,19 @@ from libs.worker.speculative import vllm_speculative_kwargs
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 
 _KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
+
+
+def structured_outputs_config(text: str) -> dict[str, Any]:
+    """--structured-outputs-config as vLLM's StructuredOutputsConfig keywords."""
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise ConfigError("--structured-outputs-config", text, f"a JSON object ({error})") from None
+    if not isinstance(document, dict):
+        raise ConfigError(
+            "--structured-outputs-config", text, 'a JSON object, e.g. {"disable_any_whitespace": true}'
+        )
+    return document
 
 
 def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
@@ -41,6 +56,8 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         "disable_log_stats": False,
         "enable_prefix_caching": True,
     }
+    if config.structured_outputs_config:
+        kwargs["structured_outputs_config"] = structured_outputs_config(config.structured_outputs_config)
     if config.dtype != "auto":
         kwargs["dtype"] = config.dtype
     elif config.device is Device.CPU:

@@ -34,8 +34,16 @@ def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str]]:
     service: Service
+    # xgrammar's JSON grammar allows any whitespace between tokens, and SmolLM2 can fill
+    # max_tokens with it (seen: 1 of 50 answers cut as `{"field_27": "{" \n \n ...`). vLLM's
+    # remedy is the engine's disable_any_whitespace (its xgrammar backend reads it only there).
     service, base_url = start_gateway_stack(
-        request.param, tmp_path_factory.mktemp("cache"), "--max-model-len", "2048"
+        request.param,
+        tmp_path_factory.mktemp("cache"),
+        "--max-model-len",
+        "2048",
+        "--structured-outputs-config",
+        '{"disable_any_whitespace": true}',
     )
     try:
         yield request.param, base_url
@@ -115,10 +123,6 @@ def test_every_json_schema_answer_parses_and_validates(stack: tuple[str, str]) -
                 "type": "json_schema",
                 "json_schema": {"name": f"item_{i}", "schema": schema},
             },
-            # xgrammar's JSON grammar allows any whitespace between tokens, and SmolLM2 can fill
-            # max_tokens with it (seen: 1 of 50 answers cut as `{"field_27": "{" \n \n ...`);
-            # vLLM's option for that keeps response_format's kind (as vLLM merges the two).
-            "structured_outputs": {"disable_any_whitespace": True},
         }
         for i, schema in enumerate(cases)
     ]

@@ -193,3 +193,14 @@ def test_the_kvstore_connector_calls_with_the_workers_grpc_security_flags() -> N
     assert parse(GrpcSecurityFlags, extra["kvstore_grpc_flags"]) == GrpcSecurityFlags(**paths)  # type: ignore[arg-type]
     plain = engine_kwargs(config(role=Role.BOTH, kvstore_address="h:1"))
     assert "kvstore_grpc_flags" not in plain["kv_transfer_config"]["kv_connector_extra_config"]
+
+
+def test_structured_outputs_config_reaches_vllm_as_its_keywords() -> None:
+    from libs.config.errors import ConfigError
+    from libs.worker.engine_args import structured_outputs_config
+
+    kwargs = engine_kwargs(config(structured_outputs_config='{"disable_any_whitespace": true}'))
+    assert kwargs["structured_outputs_config"] == {"disable_any_whitespace": True}
+    assert "structured_outputs_config" not in engine_kwargs(config())
+    with pytest.raises(ConfigError, match="structured-outputs-config"):
+        structured_outputs_config("[1]")
