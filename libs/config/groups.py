@@ -77,7 +77,7 @@ class EngineFlags:
     structured_outputs_config: str | None = flag(
         None,
         help="vLLM's structured-outputs config as JSON for every engine, e.g. "
-        "'{\"disable_any_whitespace\": true}' (no whitespace between JSON tokens)",
+        '\'{"backend": "xgrammar", "disable_any_whitespace": true}\' (no whitespace between JSON tokens)',
     )
 
 

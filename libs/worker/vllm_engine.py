@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 from vllm import SamplingParams
+from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
@@ -43,6 +44,13 @@ class VllmEngine:
         """Loads the model and starts the engine (seconds to minutes; blocks)."""
         # vLLM's stat logging rebuilds connector stats by class name in this process.
         register_kvstore_connector()
+        structured = engine_kwargs.get("structured_outputs_config")
+        if isinstance(structured, dict):
+            # AsyncEngineArgs takes the config object (its CLI parser builds it from JSON).
+            engine_kwargs = {
+                **engine_kwargs,
+                "structured_outputs_config": StructuredOutputsConfig(**structured),
+            }
         args = AsyncEngineArgs(**engine_kwargs)
         engine = AsyncLLM.from_engine_args(args, stat_loggers=[CapturingStatLogger])
         stats = CapturingStatLogger.latest

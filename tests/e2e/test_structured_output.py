@@ -36,14 +36,15 @@ def stack(
     service: Service
     # xgrammar's JSON grammar allows any whitespace between tokens, and SmolLM2 can fill
     # max_tokens with it (seen: 1 of 50 answers cut as `{"field_27": "{" \n \n ...`). vLLM's
-    # remedy is the engine's disable_any_whitespace (its xgrammar backend reads it only there).
+    # remedy is the engine's disable_any_whitespace (its xgrammar backend reads it only there;
+    # vLLM allows it with a named backend only).
     service, base_url = start_gateway_stack(
         request.param,
         tmp_path_factory.mktemp("cache"),
         "--max-model-len",
         "2048",
         "--structured-outputs-config",
-        '{"disable_any_whitespace": true}',
+        '{"backend": "xgrammar", "disable_any_whitespace": true}',
     )
     try:
         yield request.param, base_url
