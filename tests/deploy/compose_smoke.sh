@@ -31,6 +31,8 @@ done
 [ -f "$compose_file" ] || { echo "compose_smoke: no compose file $compose_file" >&2; exit 2; }
 
 export CLEAVE_TAG=${CLEAVE_TAG:-latest} CLEAVE_HTTP_PORT=$port
+# compose's default 60 s per API call is short for a daemon busy unpacking gigabyte layers.
+export COMPOSE_HTTP_TIMEOUT=${COMPOSE_HTTP_TIMEOUT:-300}
 compose=(docker-compose --project-name "$project" --file "$compose_file")
 # The volume every topology shares for converted models: kept on purpose.
 model_volume=cleave-models
