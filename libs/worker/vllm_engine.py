@@ -44,14 +44,7 @@ class VllmEngine:
         """Loads the model and starts the engine (seconds to minutes; blocks)."""
         # vLLM's stat logging rebuilds connector stats by class name in this process.
         register_kvstore_connector()
-        structured = engine_kwargs.get("structured_outputs_config")
-        if isinstance(structured, dict):
-            # AsyncEngineArgs takes the config object (its CLI parser builds it from JSON).
-            engine_kwargs = {
-                **engine_kwargs,
-                "structured_outputs_config": StructuredOutputsConfig(**structured),
-            }
-        args = AsyncEngineArgs(**engine_kwargs)
+        args = engine_args(engine_kwargs)
         engine = AsyncLLM.from_engine_args(args, stat_loggers=[CapturingStatLogger])
         stats = CapturingStatLogger.latest
         if stats is None:
@@ -125,6 +118,14 @@ class VllmEngine:
 
     async def shutdown(self) -> None:
         self._engine.shutdown()
+
+
+def engine_args(engine_kwargs: dict[str, Any]) -> AsyncEngineArgs:
+    structured = engine_kwargs.get("structured_outputs_config")
+    if isinstance(structured, dict):
+        # AsyncEngineArgs takes the config object (vLLM's CLI parser builds it from the JSON).
+        engine_kwargs = {**engine_kwargs, "structured_outputs_config": StructuredOutputsConfig(**structured)}
+    return AsyncEngineArgs(**engine_kwargs)
 
 
 def _to_step(output: Any, *, include_prompt_logprobs: bool) -> EngineStep:

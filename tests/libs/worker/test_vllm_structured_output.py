@@ -16,7 +16,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from cleave.common.v1 import common_pb2
 from libs.worker.errors import InvalidRequest
 from libs.worker.sampling import sampling_kwargs
-from libs.worker.vllm_engine import VllmEngine
+from libs.worker.vllm_engine import VllmEngine, engine_args
 
 pytestmark = pytest.mark.anyio
 
@@ -82,3 +82,11 @@ async def test_what_the_engine_refuses_about_a_constraint_is_an_invalid_request(
     llm = _AsyncLLM(refuse="Invalid regex: unterminated group")
     with pytest.raises(InvalidRequest, match="Invalid regex"):
         await run(llm, common_pb2.StructuredOutput(regex="(ab"))
+
+
+def test_the_engine_wide_config_becomes_vllms_object() -> None:
+    settings = {"backend": "xgrammar", "disable_any_whitespace": True}
+    config = engine_args({"model": "m", "structured_outputs_config": settings}).structured_outputs_config
+    assert (config.backend, config.disable_any_whitespace) == ("xgrammar", True)
+    with pytest.raises(ValueError, match="disable_any_whitespace is only supported"):
+        engine_args({"model": "m", "structured_outputs_config": {"disable_any_whitespace": True}})
