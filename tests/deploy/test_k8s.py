@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +37,17 @@ def kubectl() -> str:
 
 
 @functools.cache
+def k8s_copy() -> Path:
+    """The tree as plain files: kustomize does not read a runfiles tree's symlinked files."""
+    copy = Path(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))) / "k8s"
+    shutil.copytree(K8S_DIR, copy)  # follows the symlinks
+    return copy
+
+
+@functools.cache
 def render_text(overlay: str) -> str:
     result = subprocess.run(
-        [kubectl(), "kustomize", str(K8S_DIR / "overlays" / overlay)],
+        [kubectl(), "kustomize", str(k8s_copy() / "overlays" / overlay)],
         capture_output=True,
         text=True,
         timeout=600,  # seconds on an idle machine; CI machines can be very loaded
