@@ -462,7 +462,12 @@ def check_vocabulary(spec: GenerationSpec, vocab_size: int) -> None:
         ("stop_token_ids", list(spec.sampling.stop_token_ids)),
         ("allowed_token_ids", list(spec.sampling.allowed_token_ids)),
     ]
-    for param, ids in fields:
+    prompt = spec.prompt_token_ids
+    if prompt and (min(prompt) < 0 or max(prompt) >= vocab_size):
+        # vLLM's message (Renderer.validate_token_ids): the lowest id if negative, else the highest.
+        worst = min(prompt) if min(prompt) < 0 else max(prompt)
+        raise errors.invalid(f"Token id {worst} is out of vocabulary", "prompt")
+    for param, ids in fields[1:]:
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
