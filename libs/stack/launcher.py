@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -83,6 +84,7 @@ class Service:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self.running.stop(timeout_s)
+        self.port_file.unlink(missing_ok=True)
 
     def kill(self) -> None:
         self.running.kill()
@@ -171,7 +173,9 @@ class Service:
 def start_service(name: str, role: str, module: str, config: Any, log_dir: Path) -> Service:
     """Starts `python -m module` with `config` rendered to flags. `config` is the service's
     frozen config type (it has `port` and `port_file`)."""
-    port_file = log_dir / f"{name}.port"
+    # Named for the starting process too: two stacks sharing a cache (and so a log folder)
+    # must never read each other's ports and wire themselves to the other's services.
+    port_file = log_dir / f"{name}.{os.getpid()}.port"
     port_file.unlink(missing_ok=True)
     argv = processes.python_module(module, render(replace(config, port_file=port_file)))
     running = processes.start(ProcessSpec(name=name, argv=argv), log_dir)
@@ -286,4 +290,6 @@ class LocalStack:
         known = [(s.running, s.running.begin_stop()) for s in reversed(self.services)]
         for running, descendants in known:
             running.finish_stop(descendants, max(0.1, deadline - time.monotonic()))
+        for service in self.services:
+            service.port_file.unlink(missing_ok=True)
         log.info("local stack stopped")

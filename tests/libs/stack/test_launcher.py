@@ -201,3 +201,22 @@ async def test_a_child_that_exits_cleanly_or_during_stop_is_not_restarted(tmp_pa
     stack.stop(timeout_s=1)
     stack.supervise_once(now=300.0)
     assert crashed.restarts == [] and crashed.restart_at is None
+
+
+async def test_stacks_sharing_a_log_folder_never_read_each_others_ports(
+    tmp_path: Path, fake_module: str
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # What another stack, started by another process with the same cache, has written.
+    foreign = logs / "fast.1.port"
+    foreign.write_text("1")
+    stack = LocalStack(logs)
+    try:
+        fast = stack.start("fast", "prefill", fake_module, TokenizerServerConfig(model="0"))
+        address = fast.wait_bound(timeout_s=30)
+        assert not address.endswith(":1")
+        assert fast.port_file != foreign and fast.port_file.exists()
+    finally:
+        stack.stop(timeout_s=5)
+    assert not fast.port_file.exists() and foreign.read_text() == "1"
