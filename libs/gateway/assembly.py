@@ -3,11 +3,14 @@ Prometheus collector), tokenizer client, kvstore lookup, routing policies and pi
 
 from __future__ import annotations
 
+import asyncio
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import cast
 
 import prometheus_client
+import structlog
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2
@@ -19,11 +22,13 @@ from libs.gateway.kvstore_lookup import KvStoreLookup
 from libs.gateway.local_detokenize import load_decoder
 from libs.gateway.migration import DEFAULT_LIMIT as DEFAULT_MIGRATION_LIMIT
 from libs.gateway.pipeline import Pipeline
-from libs.gateway.pool import WorkerPool
+from libs.gateway.pool import Endpoint, WorkerPool
 from libs.gateway.routing import create_policy
 from libs.gateway.worker_metrics import WorkerStatsCollector
 from libs.rpc.channel import open_channel
 from libs.rpc.security import RpcSecurity
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,13 @@ async def assemble(
     admission: AdmissionConfig | None = None,
     request_timeout_s: float | None = 600.0,
     worker_dns_refresh_s: float = 0.0,
+    wait_for_workers_s: float = 0.0,
 ) -> GatewayParts:
     """Connects to the services; everything opened is closed by `cleanup`. With
     `worker_dns_refresh_s` > 0 a worker host name stands for all its DNS addresses, looked up
-    again that often (discovery.py); with 0 gRPC is given the addresses as they are."""
+    again that often (discovery.py); with 0 gRPC is given the addresses as they are.
+    `wait_for_workers_s`: how long to wait for a first worker to answer (workers started
+    beside the gateway, in compose or Kubernetes, may still be loading their model)."""
     if worker_dns_refresh_s > 0:
         pool = WorkerPool({}, security=security, breaker=breaker)
         cleanup.push_async_callback(pool.close)
@@ -69,9 +77,7 @@ async def assemble(
     prometheus_client.REGISTRY.register(collector)
     cleanup.callback(prometheus_client.REGISTRY.unregister, collector)
     await pool.start()
-    first = next((e for e in pool.endpoints if e.healthy), None)
-    if first is None:
-        raise RuntimeError("no worker answered; check the worker addresses")
+    first = await _first_answering(pool, wait_for_workers_s)
     info = await first.stub.GetInfo(worker_pb2.GetInfoRequest())
     tokenizer_channel = open_channel(tokenizer_address, security=security)
     cleanup.push_async_callback(tokenizer_channel.close)
@@ -101,3 +107,23 @@ async def assemble(
     return GatewayParts(
         served_model or info.model, info.max_model_len, pipeline, pool, tokenizer, default_max_tokens
     )
+
+
+async def _first_answering(pool: WorkerPool, wait_s: float, report_every_s: float = 10.0) -> Endpoint:
+    """The first worker whose polls succeed; the pool's own polling brings them in."""
+    started = time.monotonic()
+    reported = started
+    while True:
+        first = next((e for e in pool.endpoints if e.healthy), None)
+        if first is not None:
+            return first
+        now = time.monotonic()
+        if now - started >= wait_s:
+            raise RuntimeError(
+                f"no worker answered within {wait_s:g} s; check the worker addresses "
+                f"({', '.join(e.address for e in pool.endpoints) or 'none resolved'})"
+            )
+        if now - reported >= report_every_s:
+            reported = now
+            log.info("waiting for a worker to answer", seconds=round(now - started))
+        await asyncio.sleep(0.5)

@@ -48,6 +48,12 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     prefill_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running prefill workers")
     decode_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running decode workers")
     pd_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running colocated workers")
+    wait_for_workers_s: float = flag(
+        300.0,
+        codec=FLOAT,
+        help="seconds the gateway waits at start for a first given worker to answer (workers "
+        "started beside it may still load their model); 0 = fail at once",
+    )
     worker_dns_refresh_s: float = flag(
         DEFAULT_DNS_REFRESH_S,
         codec=FLOAT,
@@ -158,6 +164,7 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
             ("--queue-timeout", self.queue_timeout_s),
             ("--breaker-cooldown", self.breaker_cooldown_s),
             ("--worker-dns-refresh-s", self.worker_dns_refresh_s),
+            ("--wait-for-workers-s", self.wait_for_workers_s),
         ):
             if not value >= 0:  # also refuses nan
                 raise ConfigError(name, value, "a number of seconds >= 0")

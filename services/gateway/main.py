@@ -79,6 +79,8 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             request_timeout_s=config.request_timeout_s,
             # The local stack's workers listen on IP literals: nothing to look up.
             worker_dns_refresh_s=0.0 if config.launches_stack else config.worker_dns_refresh_s,
+            # The local stack's workers already serve; given ones may still be loading.
+            wait_for_workers_s=0.0 if config.launches_stack else config.wait_for_workers_s,
         )
         state = GatewayState(
             parts.served_model,
