@@ -225,8 +225,12 @@ class ChatCompletionRequest(_SamplingFields):
         if choice not in (None, "none") and self.tools is None:
             raise ValueError("When using `tool_choice`, `tools` must be set.")
         named = choice if not isinstance(choice, str) and choice is not None else None
-        if named is not None and not any(tool.function.name == named.function.name for tool in self.tools or []):
-            raise ValueError("The tool specified in `tool_choice` does not match any of the specified `tools`")
+        if named is not None and not any(
+            tool.function.name == named.function.name for tool in self.tools or []
+        ):
+            raise ValueError(
+                "The tool specified in `tool_choice` does not match any of the specified `tools`"
+            )
         return self
 
     @model_validator(mode="after")

@@ -140,7 +140,10 @@ def _prompt_logprobs(
     """As vLLM: none for the first prompt token; each other one at -1.0 * its position."""
     if sampling.get("prompt_logprobs") is None:
         return None
-    return (None,) + tuple(
-        TokenLogprob(token, -1.0 * position, position)
-        for position, token in enumerate(prompt_token_ids[1:], 1)
+    return (
+        None,
+        *(
+            TokenLogprob(token, -1.0 * position, position)
+            for position, token in enumerate(prompt_token_ids[1:], 1)
+        ),
     )
