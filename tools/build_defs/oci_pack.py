@@ -33,6 +33,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 MTIME = 0
 COPY_BUFFER = 4 << 20
@@ -63,7 +64,7 @@ def canonical_json(value: object) -> bytes:
 class HashingWriter(io.RawIOBase):
     """A file that also hashes and counts what is written (tarfile writes through it)."""
 
-    def __init__(self, handle) -> None:
+    def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
         self.sha256 = hashlib.sha256()
         self.size = 0
@@ -71,7 +72,7 @@ class HashingWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:  # type: ignore[override]  # tarfile writes bytes
         self._handle.write(data)
         self.sha256.update(data)
         self.size += len(data)
@@ -123,7 +124,7 @@ def write_layer(entries: dict[str, Entry], out: Path) -> dict[str, object]:
     with out.open("wb") as handle:
         writer = HashingWriter(handle)
         with tarfile.open(fileobj=writer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-            tar.copybufsize = COPY_BUFFER
+            tar.copybufsize = COPY_BUFFER  # type: ignore[attr-defined]  # used by addfile, untyped
             for dest in sorted(with_parents):
                 add_entry(tar, dest, with_parents[dest])
     digest = "sha256:" + writer.sha256.hexdigest()
@@ -310,7 +311,7 @@ def cmd_archive(args: argparse.Namespace) -> None:
             write_archive(out, blobs, small)
 
 
-def write_archive(out, blobs: dict[str, str | bytes], small: dict[str, bytes]) -> None:
+def write_archive(out: BinaryIO, blobs: dict[str, str | bytes], small: dict[str, bytes]) -> None:
     # A stream ("w|"): the archive can go straight into `docker load` without a copy on disk.
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
         add_entry(tar, "blobs", Entry("dir", mode=0o755))

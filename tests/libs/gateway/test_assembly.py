@@ -36,7 +36,7 @@ async def test_the_gateway_waits_for_a_worker_that_is_still_loading() -> None:
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(finish_loading)
         first = await _first_answering(cast(WorkerPool, pool), wait_s=60)
-    assert first is loading
+    assert first.address == loading.address  # the stub the background poll made healthy
 
 
 async def test_without_an_answer_it_gives_up_naming_the_addresses() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from vllm.entrypoints.serve.exception_handling.handlers.validation import validation_exception_handler
 
 from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest
@@ -21,7 +21,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
 
 
-def fastapi_errors(model: type, body: dict[str, Any]) -> list[dict[str, Any]]:
+def fastapi_errors(model: type[BaseModel], body: dict[str, Any]) -> list[dict[str, Any]]:
     """The errors FastAPI's RequestValidationError carries for `body` (loc under 'body')."""
     with pytest.raises(ValidationError) as raised:
         model.model_validate(body)

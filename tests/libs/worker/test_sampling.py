@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from cleave.common.v1 import common_pb2
@@ -113,7 +115,9 @@ def test_generation_config_defaults_fill_only_what_the_request_left_unset() -> N
         ),
     ],
 )
-def test_structured_output_maps_to_vllms_names(spec: common_pb2.StructuredOutput, expected: dict) -> None:
+def test_structured_output_maps_to_vllms_names(
+    spec: common_pb2.StructuredOutput, expected: dict[str, Any]
+) -> None:
     kwargs = sampling_kwargs(common_pb2.SamplingParams(structured_output=spec), max_tokens=4)
     assert kwargs["structured_outputs"] == expected
 

@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tools.images import healthcheck
 
 
-def test_target_reads_the_services_own_flags():
+def test_target_reads_the_services_own_flags() -> None:
     argv = ["/sbin/docker-init", "--", "python3", "/opt/x/gateway", "--host=0.0.0.0", "--port", "8001"]
     assert healthcheck.target(argv, default_port=8000) == ("127.0.0.1", 8001)
     assert healthcheck.target(["svc", "--host", "10.1.2.3", "--port=7"], None) == ("10.1.2.3", 7)
@@ -23,7 +23,7 @@ def test_target_reads_the_services_own_flags():
     assert healthcheck.target(["gateway"], default_port=8000) == ("127.0.0.1", 8000)
 
 
-def test_target_falls_back_to_the_port_file(tmp_path: Path):
+def test_target_falls_back_to_the_port_file(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     port_file.write_text("4242\n")
     assert healthcheck.target(["svc", "--port", "0", "--port-file", str(port_file)], None) == (
@@ -40,7 +40,7 @@ def _cmdline(tmp_path: Path, *argv: str) -> str:
     return str(path)
 
 
-def test_grpc_probe_follows_the_health_service(tmp_path: Path):
+def test_grpc_probe_follows_the_health_service(tmp_path: Path) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
@@ -57,13 +57,13 @@ def test_grpc_probe_follows_the_health_service(tmp_path: Path):
     assert healthcheck.main(["grpc", "--cmdline", cmdline, "--timeout", "1"]) == 1
 
 
-def test_http_probe_needs_a_200(tmp_path: Path):
+def test_http_probe_needs_a_200(tmp_path: Path) -> None:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
+        def do_GET(self) -> None:
             self.send_response(200 if self.path == "/health" else 503)
             self.end_headers()
 
-        def log_message(self, *args):
+        def log_message(self, *args: object) -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 PACKER = Path(__file__).resolve().parents[3] / "tools" / "build_defs" / "oci_pack.py"
 
@@ -36,7 +37,13 @@ def make_tree(root: Path) -> Path:
     return package
 
 
-def layer(tmp_path: Path, name: str, source: Path) -> dict:
+def member_bytes(tar: tarfile.TarFile, name: str) -> bytes:
+    file = tar.extractfile(name)
+    assert file is not None, f"{name} is not a regular file in the archive"
+    return file.read()
+
+
+def layer(tmp_path: Path, name: str, source: Path) -> dict[str, Any]:
     spec = tmp_path / f"{name}.spec.json"
     spec.write_text(
         json.dumps(
@@ -58,7 +65,7 @@ def layer(tmp_path: Path, name: str, source: Path) -> dict:
     return json.loads((tmp_path / f"{name}.json").read_text())
 
 
-def test_layers_are_reproducible_and_normalized(tmp_path: Path):
+def test_layers_are_reproducible_and_normalized(tmp_path: Path) -> None:
     first = layer(tmp_path, "a", make_tree(tmp_path / "one"))
     source = make_tree(tmp_path / "two")
     # Different times and permission bits a umask leaves: the same layer.
@@ -79,13 +86,13 @@ def test_layers_are_reproducible_and_normalized(tmp_path: Path):
         assert members["opt/app/pkg/mod.py"].mode == 0o644
         assert members["opt/app/pkg/link"].issym() and members["opt/app/pkg/link"].linkname == "mod.py"
         assert (members["models"].uid, members["models"].mode) == (10001, 0o750)
-        pyc = tar.extractfile(f"opt/app/pkg/__pycache__/mod.{sys.implementation.cache_tag}.pyc").read()
+        pyc = member_bytes(tar, f"opt/app/pkg/__pycache__/mod.{sys.implementation.cache_tag}.pyc")
     # An unchecked hash-based pyc of the same source: valid whatever the file times are.
     assert struct.unpack("<I", pyc[4:8])[0] == 0b01
     assert pyc[8:16] == importlib.util.source_hash(b"VALUE = 1\n")
 
 
-def test_archive_is_both_a_docker_archive_and_an_oci_layout(tmp_path: Path):
+def test_archive_is_both_a_docker_archive_and_an_oci_layout(tmp_path: Path) -> None:
     descriptor = layer(tmp_path, "a", make_tree(tmp_path / "one"))
     settings = tmp_path / "settings.json"
     settings.write_text(
@@ -110,10 +117,10 @@ def test_archive_is_both_a_docker_archive_and_an_oci_layout(tmp_path: Path):
     assert (tmp_path / "one.tar").read_bytes() == (tmp_path / "two.tar").read_bytes()
 
     with tarfile.open(tmp_path / "one.tar") as tar:
-        docker = json.load(tar.extractfile("manifest.json"))
-        index = json.load(tar.extractfile("index.json"))
+        docker = json.loads(member_bytes(tar, "manifest.json"))
+        index = json.loads(member_bytes(tar, "index.json"))
         config_hex = docker[0]["Config"].rsplit("/", 1)[1]
-        config = json.load(tar.extractfile(docker[0]["Config"]))
+        config = json.loads(member_bytes(tar, docker[0]["Config"]))
         names = tar.getnames()
     assert [d["RepoTags"] for d in docker] == [["cleave-x:latest"], ["cleave-y:latest"]]
     assert docker[0]["Layers"] == ["blobs/sha256/" + descriptor["digest"].split(":")[1]]
