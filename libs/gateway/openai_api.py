@@ -67,6 +67,20 @@ class ChatMessageIn(_Strict):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        # One clear refusal for image/audio/video parts instead of pydantic's three errors
+        # about the text part they fail to be: no encoder service serves them yet (issue 14).
+        for part in value if isinstance(value, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind is not None and kind != "text":
+                raise ValueError(
+                    f"content parts of type {kind!r} are not supported: this server serves text-only "
+                    "models (no vision encoder), so only 'text' parts are accepted"
+                )
+        return value
+
     def text(self) -> str:
         if self.content is None:
             return ""

@@ -123,3 +123,12 @@ def test_unknown_fields_are_accepted_as_by_vllm() -> None:
     # vLLM's OpenAIBaseModel: extra fields pass (the gateway logs and ignores them).
     body = chat(unknown_field=1)
     assert body.model_extra == {"unknown_field": 1}
+
+
+def test_image_parts_get_one_clear_refusal() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(ValidationError) as raised:
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}])
+    errors = raised.value.errors()
+    assert len(errors) == 1 and errors[0]["loc"] == ("messages", 0, "content")
+    assert "'image_url' are not supported" in errors[0]["msg"] and "text-only" in errors[0]["msg"]
