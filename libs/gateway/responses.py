@@ -207,6 +207,10 @@ async def chat_completion(
         "created": now(),
         "model": model,
         "choices": choices,
+        # vLLM's response model dumps every field, unset ones as null; clients read them.
+        "service_tier": None,
+        "system_fingerprint": None,
+        "prompt_logprobs": None,
         "usage": usage(
             finished.prompt_tokens,
             finished.completion_tokens,
@@ -275,6 +279,8 @@ async def text_completion(
         "created": now(),
         "model": model,
         "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": None,
         "usage": usage(
             sum(f.prompt_tokens for f in finished),
             sum(f.completion_tokens for f in finished),

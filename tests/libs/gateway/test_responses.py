@@ -88,6 +88,10 @@ async def test_chat_completion_body_with_two_choices_and_no_logprobs() -> None:
                 "token_ids": None,
             },
         ],
+        # Present and null, as vLLM's response model dumps them.
+        "service_tier": None,
+        "system_fingerprint": None,
+        "prompt_logprobs": None,
         "usage": {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6},
     }
 
