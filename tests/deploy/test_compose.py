@@ -68,7 +68,10 @@ def test_services_run_cleave_images_with_health_restart_and_limits(stack: str) -
         assert service["healthcheck"]["test"], name
         assert service["restart"] == "unless-stopped", name
         assert service.get("mem_limit"), f"{name} has no memory limit"
-        assert service.get("cpuset"), f"{name} has no CPU set"
+        if image_name(service["image"]) == "cleave-worker":
+            assert service.get("cpus"), f"{name} has no CPU limit"
+        else:
+            assert service.get("cpuset"), f"{name} has no CPU set"
         assert "container_name" not in service, f"{name}: a fixed name prevents --scale"
 
 
@@ -148,13 +151,15 @@ def test_decode_trusts_each_prefills_fixed_nixl_address(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_worker_engines_are_pinned_to_their_cpuset(stack: str) -> None:
+def test_worker_engines_are_pinned_by_device_group_not_by_a_cpuset(stack: str) -> None:
+    # vLLM's NIXL connector pins its transfer thread to the highest core of each NUMA node;
+    # inside a cpuset without that core the worker fails at start and restarts for ever.
     config = resolved(stack)
     for name, service in cleave_services(config).items():
         if image_name(service["image"]) == "cleave-worker":
             worker = parse_command(service["image"], service["command"])
-            cpus = parse_command(service["image"], [f"--device-group={service['cpuset']}"]).device_group
-            assert worker.device_group == cpus, f"{name}: --device-group differs from cpuset"
+            assert worker.device_group, f"{name}: no --device-group for its OpenMP threads"
+            assert "cpuset" not in service, f"{name}: a cpuset can lack the core NIXL pins to"
 
 
 def test_redis_runs_from_the_kvstore_image_and_the_kvstore_uses_it() -> None:
