@@ -54,6 +54,7 @@ class GatewayState:
     pool: WorkerPool
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    force_include_usage: bool = False  # --enable-force-include-usage
     default_max_tokens: int | None = None  # GatewayParts.default_max_tokens
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice (libs/gateway/tools.py)
 
@@ -310,6 +311,14 @@ async def _bad_words(state: GatewayState, body: Any, specs: list[GenerationSpec]
         spec.sampling.bad_words_token_ids.extend(ids)
 
 
+def _stream_options(options: StreamOptions | None, *, force_usage: bool) -> StreamOptions:
+    """vLLM's should_include_usage: the server's force flag means usage at the end and on
+    every chunk; otherwise what the request asked for."""
+    if force_usage:
+        return StreamOptions(include_usage=True, continuous_usage_stats=True)
+    return options or StreamOptions()
+
+
 async def _stream(
     state: GatewayState,
     spec: GenerationSpec,
@@ -326,7 +335,7 @@ async def _stream(
     fmt = StreamFormat(
         chat=chat,
         model=state.served_model,
-        options=options or StreamOptions(),
+        options=_stream_options(options, force_usage=state.force_include_usage),
         top_logprobs=top,
         tools=tools,
         return_token_ids=bool(body is not None and body.return_token_ids),

@@ -132,6 +132,10 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     enable_prompt_tokens_details: bool = flag(
         False, help="report usage.prompt_tokens_details.cached_tokens (prompt tokens served from a cache)"
     )
+    # vLLM's flag of the same name: usage on every stream, whatever its stream_options say.
+    enable_force_include_usage: bool = flag(
+        False, help="streams carry usage on every chunk and at the end, as if every request asked for it"
+    )
     max_stop_strings: int = flag(
         request_limits.DEFAULT_MAX_STOP_STRINGS, codec=POSITIVE_INT, help="most stop strings per request"
     )

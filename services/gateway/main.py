@@ -89,6 +89,7 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             parts.pool,
             parts.tokenizer,
             prompt_tokens_details=config.enable_prompt_tokens_details,
+            force_include_usage=config.enable_force_include_usage,
             default_max_tokens=parts.default_max_tokens,
             enable_auto_tool_choice=config.enable_auto_tool_choice,
         )

@@ -443,3 +443,15 @@ async def test_vllm_fields_refused_ignored_and_unknown() -> None:
         )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "use_beam_search"
     assert accepted.status_code == 200 and accepted.json()["id"] == "cmpl-mine"
+
+
+def test_the_force_include_usage_flag_overrides_what_a_stream_asked_for() -> None:
+    from libs.gateway.openai_api import StreamOptions
+    from services.gateway.app import _stream_options
+
+    asked = StreamOptions(include_usage=False)
+    assert _stream_options(asked, force_usage=False) is asked
+    assert _stream_options(None, force_usage=False) == StreamOptions()
+    # vLLM's should_include_usage under --enable-force-include-usage: both, whatever was asked.
+    forced = _stream_options(asked, force_usage=True)
+    assert forced.include_usage and forced.continuous_usage_stats
