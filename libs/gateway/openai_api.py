@@ -19,6 +19,8 @@ from libs.gateway.structured import ResponseFormat, StructuredOutputsIn, check_c
 from libs.gateway.tools import ToolChoice, ToolParam
 
 INT32_MAX = 2**31 - 1
+# vLLM's default max_logprobs, which Cleave's engines keep: top/prompt logprobs per position.
+MAX_LOGPROBS = 20
 # vLLM's OpenAI server accepts any seed torch's generators take: a signed 64-bit integer.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
@@ -121,7 +123,8 @@ class _SamplingFields(_Strict):
     # from cache hits which prompts were sent. Should be random and secret per tenant.
     cache_salt: str | None = None
     # vLLM's sampling extensions (its "extra params"): what the engine or the tokenizer does.
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    # Bounded to the contract's int32; above max_tokens the engine refuses it (a 400).
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -160,6 +163,12 @@ class _SamplingFields(_Strict):
                 raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
             if value < 0 and value != -1:
                 raise ValueError("`prompt_logprobs` must be a positive value or -1.")
+            if value > MAX_LOGPROBS:
+                # The engine's check and message (vLLM's default max_logprobs), made here: a
+                # value past int32 would not even fit the contract (a fuzzer's 500).
+                raise ValueError(
+                    f"Requested prompt logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
+                )
         if any(not word for word in self.bad_words):
             raise ValueError("bad_words cannot contain an empty string.")
         return self
@@ -210,7 +219,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # vLLM's chat extensions: how the template renders the conversation (libs/tokenization).
     echo: bool = False
     add_generation_prompt: bool = True
@@ -280,7 +289,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
     add_special_tokens: bool = True
     suffix: str | None = None

@@ -132,3 +132,21 @@ def test_image_parts_get_one_clear_refusal() -> None:
     errors = raised.value.errors()
     assert len(errors) == 1 and errors[0]["loc"] == ("messages", 0, "content")
     assert "'image_url' are not supported" in errors[0]["msg"] and "text-only" in errors[0]["msg"]
+
+
+@pytest.mark.parametrize("value", [21, 2**31, 2**70])
+def test_prompt_logprobs_past_the_engines_maximum_are_refused_as_vllm_refuses_them(value: int) -> None:
+    # 2**31 came from the HTTP fuzzer: it does not fit the contract's int32 (was a 500).
+    with pytest.raises(
+        ValidationError, match=f"Requested prompt logprobs of {value}, which is greater than max"
+    ):
+        CompletionRequest.model_validate({"model": "m", "prompt": "0", "prompt_logprobs": value})
+    assert (
+        CompletionRequest.model_validate({"model": "m", "prompt": "0", "prompt_logprobs": 20}).prompt_logprobs
+        == 20
+    )
+
+
+def test_min_tokens_stays_within_what_the_contract_carries() -> None:
+    with pytest.raises(ValidationError, match="min_tokens"):
+        CompletionRequest.model_validate({"model": "m", "prompt": "0", "min_tokens": 2**31})
