@@ -17,6 +17,7 @@ from cleave.worker.v1 import worker_pb2
 from libs.gateway.admission import Admission, AdmissionConfig
 from libs.gateway.breaker import BreakerConfig
 from libs.gateway.deadline import DeadlineStub
+from libs.gateway.disaggregation import DisaggConfig
 from libs.gateway.discovery import WorkerDiscovery
 from libs.gateway.kvstore_lookup import KvStoreLookup
 from libs.gateway.local_detokenize import load_decoder
@@ -61,6 +62,7 @@ async def assemble(
 ) -> GatewayParts:
     """Connects to the services; everything opened is closed by `cleanup`. With
     `worker_dns_refresh_s` > 0 a worker host name stands for all its DNS addresses, looked up
+    disagg: DisaggConfig | None = None,
     again that often (discovery.py); with 0 gRPC is given the addresses as they are.
     `wait_for_workers_s`: how long to wait for a first worker to answer (workers started
     beside the gateway, in compose or Kubernetes, may still be loading their model)."""
@@ -105,6 +107,7 @@ async def assemble(
     )
     default_max_tokens = info.default_max_tokens if info.HasField("default_max_tokens") else None
     return GatewayParts(
+        disagg=disagg,
         served_model or info.model, info.max_model_len, pipeline, pool, tokenizer, default_max_tokens
     )
 

@@ -25,6 +25,12 @@ PREFILL_SKIPPED = Counter(
     "cleave_gateway_prefill_skipped_total",
     "Requests sent straight to decode because the kvstore held all but a short tail of the prompt",
 )
+DISAGG_DECISIONS = Counter(
+    "cleave_gateway_disagg_decisions_total",
+    "Prefill placement under --disagg-policy conditional: remote (prefill worker) or local "
+    "(the decode worker), by the rule that decided (libs/gateway/disaggregation.py)",
+    ["outcome", "reason"],
+)
 RETRIES = Counter("cleave_gateway_retries_total", "Retries by stage", ["stage"])
 MIGRATIONS = Counter(
     "cleave_gateway_migrations_total",

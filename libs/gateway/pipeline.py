@@ -33,6 +33,9 @@ from libs.gateway import deadline, errors, metrics
 from libs.gateway.admission import Admission
 from libs.gateway.deadline import NO_DEADLINE, Deadline
 from libs.gateway.detokenize import SequenceDetokenizer
+from libs.gateway.disaggregation import DisaggConfig, DisaggInputs, PrefixEstimate, place
+from libs.gateway.disaggregation import decode_load as disagg_decode_load
+from libs.gateway.disaggregation import prefill_queue as disagg_prefill_queue
 from libs.gateway.local_detokenize import LocalSequenceDetokenizer
 from libs.gateway.migration import DEFAULT_LIMIT, MIGRATING_CODES, Migration, MigrationRefused, WorkerFailed
 from libs.gateway.pool import Endpoint, WorkerPool
@@ -134,6 +137,7 @@ class Pipeline:
         skip_prefill_max_tail: int = 256,
         migration_limit: int = DEFAULT_LIMIT,
         decoder: Decoder | None = None,
+        disagg: DisaggConfig | None = None,
     ) -> None:
         self._pool = pool
         self._tokenizer = tokenizer
@@ -148,6 +152,8 @@ class Pipeline:
         # The tokenizer's decoder (local_detokenize.py): output is detokenized in this process;
         # None: through the tokenizer service's DetokenizeStream.
         self._decoder = decoder
+        # Remote prefill for every request, or per request (libs/gateway/disaggregation.py).
+        self._disagg = disagg or DisaggConfig()
 
     @property
     def request_timeout_s(self) -> float | None:
@@ -171,15 +177,22 @@ class Pipeline:
         role = "decode" if self._admission.serviceable("decode") else "both"
         if not self._admission.serviceable(role):
             raise errors.no_workers("decode")
-        pick = _picker(self._decode_policy, spec)
+        estimate = PrefixEstimate(self._decode_policy) if self._disagg.conditional else None
+        pick = _picker(self._decode_policy, spec, estimate)
         async with self._admission.admit(role, pick, deadline=spec.deadline) as decode:
             if role == "both":
                 async for event in self._generate(spec, decode, None):
                     yield event
                 return
-            if await self._kvstore_covers_prompt(spec):
+            matched = await self._kvstore_matched(spec)
+            if matched > 0 and len(spec.prompt_token_ids) - matched <= self._skip_prefill_max_tail:
                 # The decode worker loads the stored prefix itself and computes the short tail.
                 metrics.PREFILL_SKIPPED.inc()
+                async for event in self._generate(spec, decode, worker_pb2.KvHandoff()):
+                    yield event
+                return
+            if not self._remote_prefill(spec, decode, matched, estimate):
+                # No handoff: the decode worker computes the prompt (loading any stored prefix).
                 async for event in self._generate(spec, decode, worker_pb2.KvHandoff()):
                     yield event
                 return
@@ -198,10 +211,26 @@ class Pipeline:
             503, "KV handoff failed twice; the workers may be overloaded", type_="service_unavailable"
         )
 
-    async def _kvstore_covers_prompt(self, spec: GenerationSpec) -> bool:
+    def _remote_prefill(
+        self, spec: GenerationSpec, decode: Endpoint, matched: int, estimate: PrefixEstimate | None
+    ) -> bool:
+        """The disaggregation policy's decision for this request (counted and logged there)."""
+        if not self._disagg.conditional:
+            return True
+        inputs = DisaggInputs(
+            prompt_tokens=len(spec.prompt_token_ids),
+            cached_tokens=max(matched, estimate.cached_tokens(decode.address) if estimate else 0),
+            prefill_queue=disagg_prefill_queue(self._pool.routable("prefill")),
+            decode_load=disagg_decode_load(decode),
+            prompt_logprobs=spec.sampling.HasField("prompt_logprobs"),
+        )
+        return place(self._disagg, inputs, request_id=spec.request_id, decode=decode.address).remote
+
+    async def _kvstore_matched(self, spec: GenerationSpec) -> int:
+        """Leading prompt tokens the kvstore holds (0: no kvstore, or prompt logprobs asked)."""
         if self._prefix_lookup is None or spec.sampling.HasField("prompt_logprobs"):
             # Prompt logprobs are the prefill worker's to compute (decode loads the KV).
-            return False
+            return 0
         try:
             async with asyncio.timeout(spec.deadline.timeout()):
                 matched = await self._prefix_lookup.matched_tokens(
@@ -209,7 +238,7 @@ class Pipeline:
                 )
         except TimeoutError:
             raise spec.deadline.exceeded() from None
-        return matched > 0 and len(spec.prompt_token_ids) - matched <= self._skip_prefill_max_tail
+        return matched
 
     async def _prefill(
         self, spec: GenerationSpec
@@ -448,9 +477,18 @@ class Pipeline:
             log.warning("could not release prefill KV; its lease will expire", code=error.code().name)
 
 
-def _picker(policy: RoutingPolicy, spec: GenerationSpec) -> Callable[[Sequence[Endpoint]], Endpoint]:
-    """The policy's choice for this request among the workers admission control offers."""
-    return lambda candidates: policy.pick(candidates, spec.prompt_token_ids)
+def _picker(
+    policy: RoutingPolicy, spec: GenerationSpec, estimate: PrefixEstimate | None = None
+) -> Callable[[Sequence[Endpoint]], Endpoint]:
+    """The policy's choice for this request among the workers admission control offers;
+    `estimate` reads the policy's cached-prefix guesses first (the pick records this prompt)."""
+
+    def pick(candidates: Sequence[Endpoint]) -> Endpoint:
+        if estimate is not None:
+            estimate.observe(candidates, spec.prompt_token_ids)
+        return policy.pick(candidates, spec.prompt_token_ids)
+
+    return pick
 
 
 def check_vocabulary(spec: GenerationSpec, vocab_size: int) -> None:

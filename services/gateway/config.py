@@ -12,7 +12,7 @@ from libs.config.codecs import ADDRESSES, BYTES, NON_NEGATIVE_INT, PORT, POSITIV
 from libs.config.errors import ConfigError
 from libs.config.flags import FLOAT, PATH, Codec, flag, parse
 from libs.config.groups import GrpcSecurityFlags, ServerFlags
-from libs.gateway import request_limits
+from libs.gateway import disaggregation, request_limits
 from libs.gateway.admission import AdmissionConfig
 from libs.gateway.auth import ApiKeys
 from libs.gateway.breaker import BreakerConfig
@@ -62,6 +62,31 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
         "and retired without a restart; 0 = hand the addresses to gRPC as given",
     )
     routing: str = flag("least_load", codec=choice(sorted(POLICIES)), help="routing policy")
+    # Conditional disaggregation (libs/gateway/disaggregation.py; Dynamo's disaggregated router,
+    # llm-d's selective P/D): per request, remote prefill or prefill on the decode worker.
+    disagg_policy: str = flag(
+        disaggregation.ALWAYS,
+        codec=choice(disaggregation.POLICIES),
+        help="always: every prompt is prefilled on a prefill worker (KV handoff to decode); "
+        "conditional: short uncached prompts, or long ones while the prefill workers are backed up "
+        "and the decode worker is not, are computed on the decode worker (no handoff)",
+    )
+    local_prefill_max_tokens: int = flag(
+        disaggregation.DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
+        codec=NON_NEGATIVE_INT,
+        help="conditional: prompts with at most this many uncached tokens prefill on the decode worker",
+    )
+    remote_prefill_max_queue: int = flag(
+        disaggregation.DEFAULT_REMOTE_PREFILL_MAX_QUEUE,
+        codec=POSITIVE_INT,
+        help="conditional: when the least loaded prefill worker has this many requests, longer "
+        "prompts prefill on the decode worker (see --local-prefill-max-decode-load)",
+    )
+    local_prefill_max_decode_load: int = flag(
+        disaggregation.DEFAULT_LOCAL_PREFILL_MAX_DECODE_LOAD,
+        codec=NON_NEGATIVE_INT,
+        help="conditional: ...unless the decode worker already has this many other requests",
+    )
     # Not rendered to children (GrpcSecurityFlags is): the gateway makes the token they get.
     grpc_stack_token: bool = flag(
         False,
@@ -201,6 +226,14 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
                 environ.get(VLLM_API_KEY_ENV, "")
             )
         return ApiKeys(keys)
+
+    def disagg(self) -> disaggregation.DisaggConfig:
+        return disaggregation.DisaggConfig(
+            policy=self.disagg_policy,
+            local_prefill_max_tokens=self.local_prefill_max_tokens,
+            remote_prefill_max_queue=self.remote_prefill_max_queue,
+            local_prefill_max_decode_load=self.local_prefill_max_decode_load,
+        )
 
     def breaker(self) -> BreakerConfig:
         return BreakerConfig(

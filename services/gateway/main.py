@@ -81,6 +81,7 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             worker_dns_refresh_s=0.0 if config.launches_stack else config.worker_dns_refresh_s,
             # The local stack's workers already serve; given ones may still be loading.
             wait_for_workers_s=0.0 if config.launches_stack else config.wait_for_workers_s,
+            disagg=config.disagg(),
         )
         state = GatewayState(
             parts.served_model,

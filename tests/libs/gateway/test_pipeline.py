@@ -19,6 +19,7 @@ from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway import errors
 from libs.gateway.breaker import BreakerConfig
 from libs.gateway.deadline import Deadline
+from libs.gateway.disaggregation import DisaggConfig
 from libs.gateway.local_detokenize import load_decoder
 from libs.gateway.pipeline import (
     Finished,
@@ -128,7 +129,10 @@ class Stack:
         return server.address
 
     async def pipeline(
-        self, roles: dict[str, list[FakeWorker]], prefix_lookup: PrefixLookup | None = None
+        self,
+        roles: dict[str, list[FakeWorker]],
+        prefix_lookup: PrefixLookup | None = None,
+        disagg: DisaggConfig | None = None,
     ) -> tuple[Pipeline, WorkerPool]:
         tokenizer_address = await self._serve(
             binding(TokenizerServicer(self.tokenizer, model="m", max_model_len=2048))
@@ -151,7 +155,10 @@ class Stack:
         # runs both ways, so the two give the same events (`detokenize` parametrizes `stack`).
         decoder = await load_decoder(stub) if self.local_detokenize else None
         assert (decoder is not None) == self.local_detokenize
-        return Pipeline(pool, stub, *policies, prefix_lookup=prefix_lookup, decoder=decoder), pool
+        pipeline = Pipeline(
+            pool, stub, *policies, prefix_lookup=prefix_lookup, decoder=decoder, disagg=disagg
+        )
+        return pipeline, pool
 
     async def close(self) -> None:
         for server in self.servers:
@@ -198,6 +205,35 @@ async def test_disaggregated_path_streams_the_answer(stack: Stack, tokenizer: To
     assert events[-1].finish_reason == "stop"
     assert finished is not None and finished.completion_tokens == len(tokens)
     assert prefill.prefills == 1
+
+
+async def test_conditional_disaggregation_keeps_short_prompts_on_decode(
+    stack: Stack, tokenizer: Tokenizer
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = FakeWorker(tokens), FakeWorker(tokens)
+    conditional = DisaggConfig(policy="conditional", local_prefill_max_tokens=100)
+    pipeline, pool = await stack.pipeline({"prefill": [prefill], "decode": [decode]}, disagg=conditional)
+    short = spec(tokenizer)
+    long = replace(short, request_id="r2", prompt_token_ids=short.prompt_token_ids * 101)
+    short_text, _, _ = await run(pipeline, short)
+    assert (prefill.prefills, decode.generate_had_handoff) == (0, [False])  # no handoff
+    long_text, _, _ = await run(pipeline, long)
+    await pool.close()
+    assert (prefill.prefills, decode.generate_had_handoff) == (1, [False, True])
+    assert short_text == long_text == ANSWER
+
+
+async def test_conditional_disaggregation_without_prefill_workers_prefills_on_decode(
+    stack: Stack, tokenizer: Tokenizer
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    decode = FakeWorker(tokens)
+    conditional = DisaggConfig(policy="conditional", local_prefill_max_tokens=0)
+    pipeline, pool = await stack.pipeline({"prefill": [], "decode": [decode]}, disagg=conditional)
+    text, _, _ = await run(pipeline, spec(tokenizer))
+    await pool.close()
+    assert text == ANSWER and decode.generate_had_handoff == [False]
 
 
 async def test_prefill_retries_on_another_worker_and_ejects_the_dead_one(
