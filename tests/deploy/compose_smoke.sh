@@ -6,7 +6,10 @@
 #
 #   tests/deploy/compose_smoke.sh [--compose-file deploy/compose/1p1d/docker-compose.yml]
 #       [--project cleave-smoke] [--port 8000] [--up-timeout 1200] [--keep]
+#       [--live-checks kill,scale]
 #
+# --live-checks runs tests/deploy/compose_live_checks.py on the same stack after the chat
+# completion (1p1d and 2p1d): kill decode and recover; scale decode to 2 and back.
 # Images are taken with tag $CLEAVE_TAG (default latest). Every wait has a timeout; on any
 # failure the containers' state and their last log lines are printed before the teardown.
 set -euo pipefail
@@ -18,6 +21,7 @@ port=${CLEAVE_HTTP_PORT:-8000}
 up_timeout=1200
 request_timeout=300
 keep=0
+live_checks=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --compose-file) compose_file=$2; shift 2 ;;
@@ -25,7 +29,8 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     --up-timeout) up_timeout=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+    --live-checks) live_checks=$2; shift 2 ;;
+    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
   esac
 done
 [ -f "$compose_file" ] || { echo "compose_smoke: no compose file $compose_file" >&2; exit 2; }
@@ -108,3 +113,11 @@ assert text.strip(), reply
 print("compose_smoke: answer:", repr(text), "usage:", reply["usage"], file=sys.stderr)
 '
 log "chat completion answered through the gateway"
+
+if [ -n "$live_checks" ]; then
+  checks_started=$(date +%s)
+  # Its own waits are bounded; this bounds the whole (two model loads at most, on CPU).
+  timeout 1800 python3 tests/deploy/compose_live_checks.py --project "$project" \
+    --compose-file "$compose_file" --port "$port" --checks "$live_checks"
+  log "live checks ($live_checks) passed in $(( $(date +%s) - checks_started )) s"
+fi
