@@ -12,10 +12,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, PORT, POSITIVE_INT, enum_of
-from libs.config.flags import FLOAT, PATH, flag
+from libs.config.errors import ConfigError
+from libs.config.flags import FLOAT, PATH, Codec, flag
 from libs.models.spec import DEFAULT_MODEL
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "cleave"
+# vLLM's ModelConfig.max_logprobs: its default and range (-1 = no cap: the vocabulary).
+MAX_LOGPROBS_DEFAULT = 20
+
+
+def _parse_max_logprobs(flag_name: str, text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise ConfigError(flag_name, text, "an integer") from None
+    if number < -1:
+        raise ConfigError(flag_name, text, "-1 (the whole vocabulary) or an integer >= 0")
+    return number
+
+
+MAX_LOGPROBS: Codec[int] = Codec(_parse_max_logprobs, str)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +87,15 @@ class EngineFlags:
     )
     generation_config: str = flag(
         "vllm", help="'vllm' (vLLM's sampling defaults) or 'auto' (the model's generation_config.json)"
+    )
+    # vLLM's --max-logprobs and default: the most logprobs (sampled, top and prompt) a request
+    # may ask for per position; the workers report it and the gateway refuses more with
+    # vLLM's message (libs/gateway/logprob_limits.py).
+    max_logprobs: int = flag(
+        MAX_LOGPROBS_DEFAULT,
+        codec=MAX_LOGPROBS,
+        help="most logprobs a request may ask for per token (logprobs, top_logprobs, "
+        "prompt_logprobs); -1 = the whole vocabulary (vLLM's flag and default)",
     )
     # vLLM's --structured-outputs-config: its xgrammar backend reads disable_any_whitespace only
     # from the engine's config (a request's own option does not reach it).

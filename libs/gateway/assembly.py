@@ -42,6 +42,9 @@ class GatewayParts:
     # max_tokens for requests that set none: the model's generation_config.json under
     # `--generation-config auto`; None = the rest of the context.
     default_max_tokens: int | None = None
+    # The workers' --max-logprobs as reported (-1 = the vocabulary; None = vLLM's default).
+    max_logprobs: int | None = None
+    vocab_size: int | None = None
 
 
 async def assemble(
@@ -59,10 +62,10 @@ async def assemble(
     request_timeout_s: float | None = 600.0,
     worker_dns_refresh_s: float = 0.0,
     wait_for_workers_s: float = 0.0,
+    disagg: DisaggConfig | None = None,
 ) -> GatewayParts:
     """Connects to the services; everything opened is closed by `cleanup`. With
     `worker_dns_refresh_s` > 0 a worker host name stands for all its DNS addresses, looked up
-    disagg: DisaggConfig | None = None,
     again that often (discovery.py); with 0 gRPC is given the addresses as they are.
     `wait_for_workers_s`: how long to wait for a first worker to answer (workers started
     beside the gateway, in compose or Kubernetes, may still be loading their model)."""
@@ -104,11 +107,18 @@ async def assemble(
         request_timeout_s=request_timeout_s,
         admission=Admission(pool, admission),
         decoder=decoder,
+        disagg=disagg,
     )
     default_max_tokens = info.default_max_tokens if info.HasField("default_max_tokens") else None
     return GatewayParts(
-        disagg=disagg,
-        served_model or info.model, info.max_model_len, pipeline, pool, tokenizer, default_max_tokens
+        served_model or info.model,
+        info.max_model_len,
+        pipeline,
+        pool,
+        tokenizer,
+        default_max_tokens,
+        max_logprobs=info.max_logprobs if info.HasField("max_logprobs") else None,
+        vocab_size=info.vocab_size or None,
     )
 
 

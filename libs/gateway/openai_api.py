@@ -19,8 +19,6 @@ from libs.gateway.structured import ResponseFormat, StructuredOutputsIn, check_c
 from libs.gateway.tools import ToolChoice, ToolParam
 
 INT32_MAX = 2**31 - 1
-# vLLM's default max_logprobs, which Cleave's engines keep: top/prompt logprobs per position.
-MAX_LOGPROBS = 20
 # vLLM's OpenAI server accepts any seed torch's generators take: a signed 64-bit integer.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
@@ -163,12 +161,11 @@ class _SamplingFields(_Strict):
                 raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
             if value < 0 and value != -1:
                 raise ValueError("`prompt_logprobs` must be a positive value or -1.")
-            if value > MAX_LOGPROBS:
-                # The engine's check and message (vLLM's default max_logprobs), made here: a
-                # value past int32 would not even fit the contract (a fuzzer's 500).
-                raise ValueError(
-                    f"Requested prompt logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}"
-                )
+        # The upper bound is the workers' --max-logprobs (libs/gateway/logprob_limits.py).
+        for name in ("logprobs", "top_logprobs"):
+            count = getattr(self, name, None)
+            if type(count) is int and count < 0 and count != -1:  # chat's logprobs is a bool
+                raise ValueError(f"`{name}` must be a positive value or -1.")
         if any(not word for word in self.bad_words):
             raise ValueError("bad_words cannot contain an empty string.")
         return self
@@ -219,7 +216,8 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    # -1: the whole vocabulary (vLLM's TopLogprobsParam), as long as --max-logprobs allows.
+    top_logprobs: int | None = None
     # vLLM's chat extensions: how the template renders the conversation (libs/tokenization).
     echo: bool = False
     add_generation_prompt: bool = True
@@ -289,7 +287,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: int | None = None  # -1: the whole vocabulary, as top_logprobs
     echo: bool = False
     add_special_tokens: bool = True
     suffix: str | None = None

@@ -51,6 +51,8 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         "enforce_eager": config.enforce_eager,
         "kv_cache_dtype": config.engine_kv_cache_dtype,
         "generation_config": config.generation_config,
+        # vLLM checks every request's logprobs against it; WorkerInfo tells the gateway.
+        "max_logprobs": config.max_logprobs,
         "seed": config.seed,
         # Cleave's stats come from vLLM's stat loggers, which only run with stats on.
         "disable_log_stats": False,

@@ -287,6 +287,7 @@ class WorkerService:
             device=self._config.device.value,
             device_group=self._config.device_group,
             default_max_tokens=_default_max_tokens(info.sampling_defaults),
+            max_logprobs=self._config.max_logprobs,
         )
 
     # -- helpers -----------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from libs.gateway import batch_chat, errors, responses, tokenize_api
 from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
 from libs.gateway.edge import HttpEdge
 from libs.gateway.extensions import bad_words_token_ids
+from libs.gateway.logprob_limits import apply_max_logprobs, engine_max_logprobs
 from libs.gateway.openai_api import (
+    INT32_MAX,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -57,6 +59,13 @@ class GatewayState:
     force_include_usage: bool = False  # --enable-force-include-usage
     default_max_tokens: int | None = None  # GatewayParts.default_max_tokens
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice (libs/gateway/tools.py)
+    max_logprobs: int | None = None  # GatewayParts.max_logprobs (libs/gateway/logprob_limits.py)
+    vocab_size: int | None = None  # GatewayParts.vocab_size: what a request's -1 logprobs ask for
+
+    def check_logprobs(self, body: ChatCompletionRequest | CompletionRequest) -> None:
+        """The workers' --max-logprobs, before anything builds their contract."""
+        vocab_size = self.vocab_size or INT32_MAX
+        apply_max_logprobs(body, engine_max_logprobs(self.max_logprobs, vocab_size), vocab_size)
 
 
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
@@ -128,6 +137,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         check_model(body.model, state.served_model)
         check_supported(body)
         limits.check(body, state.max_model_len)
+        state.check_logprobs(body)
         if body.stream:
             return await until_disconnected(request.receive, chat_stream(body))
         return await until_disconnected(request.receive, chat_whole(body))
@@ -171,6 +181,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
             check_model(body.model, state.served_model)
             check_supported(body)
             limits.check(body, state.max_model_len)
+            state.check_logprobs(body)
         # The conversations run concurrently; one failing cancels the others.
         answers = gather_or_cancel(*(chat_object(body) for body in bodies))
         return JSONResponse(batch_chat.merge(request_id, await until_disconnected(request.receive, answers)))
@@ -180,6 +191,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         check_model(body.model, state.served_model)
         check_supported(body)
         limits.check(body, state.max_model_len)
+        state.check_logprobs(body)
         if body.stream:
             return await until_disconnected(request.receive, completions_stream(body))
         return await until_disconnected(request.receive, completions_whole(body))

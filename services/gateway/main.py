@@ -92,6 +92,8 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             prompt_tokens_details=config.enable_prompt_tokens_details,
             force_include_usage=config.enable_force_include_usage,
             default_max_tokens=parts.default_max_tokens,
+            max_logprobs=parts.max_logprobs,
+            vocab_size=parts.vocab_size,
             enable_auto_tool_choice=config.enable_auto_tool_choice,
         )
         app = create_app(state, edge)

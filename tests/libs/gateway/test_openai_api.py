@@ -134,17 +134,19 @@ def test_image_parts_get_one_clear_refusal() -> None:
     assert "'image_url' are not supported" in errors[0]["msg"] and "text-only" in errors[0]["msg"]
 
 
-@pytest.mark.parametrize("value", [21, 2**31, 2**70])
-def test_prompt_logprobs_past_the_engines_maximum_are_refused_as_vllm_refuses_them(value: int) -> None:
-    # 2**31 came from the HTTP fuzzer: it does not fit the contract's int32 (was a 500).
-    with pytest.raises(
-        ValidationError, match=f"Requested prompt logprobs of {value}, which is greater than max"
-    ):
-        CompletionRequest.model_validate({"model": "m", "prompt": "0", "prompt_logprobs": value})
-    assert (
-        CompletionRequest.model_validate({"model": "m", "prompt": "0", "prompt_logprobs": 20}).prompt_logprobs
-        == 20
-    )
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_logprob_counts_are_minus_one_or_more_as_vllm_checks_them(field: str) -> None:
+    # The upper bound is the workers' --max-logprobs (test_logprob_limits.py).
+    for value in (-1, 0, 21, 2**70):
+        assert (
+            getattr(CompletionRequest.model_validate({"model": "m", "prompt": "0", field: value}), field)
+            == value
+        )
+    with pytest.raises(ValidationError, match=rf"`{field}` must be a positive value or -1\."):
+        CompletionRequest.model_validate({"model": "m", "prompt": "0", field: -2})
+    with pytest.raises(ValidationError, match=r"`top_logprobs` must be a positive value or -1\."):
+        chat(logprobs=True, top_logprobs=-2)
+    assert chat(logprobs=True, top_logprobs=-1).top_logprobs == -1
 
 
 def test_min_tokens_stays_within_what_the_contract_carries() -> None:

@@ -130,3 +130,13 @@ def test_the_tool_call_parser_reaches_the_tokenizer() -> None:
     tokenizer = tokenizer_config(config)
     assert parse(TokenizerServerConfig, render(tokenizer)).tool_call_parser == "hermes"
     assert tokenizer_config(parse(StackConfig, [])).tool_call_parser is None
+
+
+def test_max_logprobs_reaches_every_worker_and_their_engines() -> None:
+    for value in ("-1", "0", "64"):
+        config = parse(StackConfig, ["--max-logprobs", value])
+        for role, flags in ((Role.PREFILL, config.prefill), (Role.DECODE, config.decode)):
+            worker = worker_config(config, role, flags, 0, None)
+            assert worker.max_logprobs == int(value)
+            assert parse(WorkerConfig, render(worker)).max_logprobs == int(value)
+    assert worker_config(parse(StackConfig, []), Role.BOTH, config.decode, 0, None).max_logprobs == 20

@@ -204,3 +204,11 @@ def test_structured_outputs_config_reaches_vllm_as_its_keywords() -> None:
     assert "structured_outputs_config" not in engine_kwargs(config())
     with pytest.raises(ConfigError, match="structured-outputs-config"):
         structured_outputs_config("[1]")
+
+
+def test_max_logprobs_is_vllms_engine_argument_with_its_default_and_range() -> None:
+    assert engine_kwargs(config())["max_logprobs"] == 20
+    assert engine_kwargs(config(max_logprobs=-1))["max_logprobs"] == -1
+    assert parse(WorkerConfig, ["--role", "decode", "--max-logprobs", "-1"]).max_logprobs == -1
+    with pytest.raises(ConfigError, match="-1"):
+        parse(WorkerConfig, ["--role", "decode", "--max-logprobs", "-2"])

@@ -308,6 +308,14 @@ async def test_info_carries_the_models_max_new_tokens_only_when_it_has_one() -> 
     assert service.info().default_max_tokens == 256
 
 
+async def test_info_carries_the_engines_max_logprobs() -> None:
+    service, _ = make(Role.BOTH)
+    assert service.info().max_logprobs == 20  # vLLM's default
+    engine = FakeEngine()
+    config = WorkerConfig(role=Role.DECODE, model="/nonexistent", served_model_name="fake", max_logprobs=-1)
+    assert WorkerService(config, engine, address="127.0.0.1:1", clock=Clock()).info().max_logprobs == -1
+
+
 async def test_prompt_logprobs_come_with_prefill_and_with_colocated_generation() -> None:
     sampling = common_pb2.SamplingParams(max_tokens=2, prompt_logprobs=1)
     prefill, _ = make(Role.PREFILL)

@@ -90,3 +90,9 @@ def test_the_engine_wide_config_becomes_vllms_object() -> None:
     assert (config.backend, config.disable_any_whitespace) == ("xgrammar", True)
     with pytest.raises(ValueError, match="disable_any_whitespace is only supported"):
         engine_args({"model": "m", "structured_outputs_config": {"disable_any_whitespace": True}})
+
+
+def test_max_logprobs_is_accepted_by_vllms_engine_args_as_given() -> None:
+    # -1 is vLLM's "no cap" (ModelConfig.max_logprobs: ge=-1); engine_args passes it through.
+    assert engine_args({"model": "m", "max_logprobs": -1}).max_logprobs == -1
+    assert engine_args({"model": "m"}).max_logprobs == 20

@@ -45,6 +45,7 @@ def app_for(
     edge: HttpEdge | None = None,
     tokenizer: FakeTokenizer | None = None,
     workers: Workers | None = None,
+    max_logprobs: int | None = None,
 ) -> Any:
     state = GatewayState(
         served_model="m",
@@ -52,6 +53,8 @@ def app_for(
         pipeline=pipeline,
         pool=workers or Workers(),  # type: ignore[arg-type]
         tokenizer=tokenizer or FakeTokenizer(),  # type: ignore[arg-type]
+        max_logprobs=max_logprobs,
+        vocab_size=100,
     )
     return create_app(state, edge)
 
@@ -112,6 +115,33 @@ async def test_a_streamed_request_with_a_token_outside_the_vocabulary_is_a_400_n
     assert response.status_code == 400
     assert response.headers["content-type"].startswith("application/json")
     assert "100" in response.json()["error"]["message"] and pipeline.specs == []
+
+
+async def test_logprobs_past_the_workers_max_logprobs_are_a_400_before_any_worker_is_called() -> None:
+    pipeline = ScriptedPipeline(EVENTS)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True}
+    async with client(pipeline) as http:  # workers that do not say: vLLM's default, 20
+        sampled = await http.post("/v1/completions", json={"model": "m", "prompt": "x", "logprobs": 21})
+        streamed = await http.post("/v1/chat/completions", json={**chat, "top_logprobs": 21, "stream": True})
+        batch = await http.post(
+            "/v1/chat/completions/batch", json={**chat, "messages": [chat["messages"]], "top_logprobs": 2**31}
+        )
+        echoed = await http.post("/v1/completions", json={"model": "m", "prompt": "x", "prompt_logprobs": -1})
+    for response in (sampled, streamed, batch, echoed):
+        assert response.status_code == 400 and response.json()["error"]["type"] == "BadRequestError"
+    assert sampled.json()["error"]["message"].startswith(
+        "Requested sample logprobs of 21, which is greater than max allowed: 20"
+    )
+    assert streamed.json()["error"]["param"] == "logprobs"
+    # -1 is the whole vocabulary (the workers' 100 tokens).
+    assert echoed.json()["error"]["message"].startswith("Requested prompt logprobs of 100, which")
+    assert pipeline.specs == []
+    async with client(pipeline, max_logprobs=-1) as http:
+        whole = await http.post(
+            "/v1/completions", json={"model": "m", "prompt": [1, 2], "logprobs": -1, "max_tokens": 2}
+        )
+    assert whole.status_code == 200, whole.text
+    assert pipeline.specs[-1].sampling.logprobs == 100
 
 
 async def test_errors_are_openai_error_objects_with_their_status() -> None:
