@@ -32,20 +32,24 @@ from typing import Any
 import httpx
 
 from libs.stack.process import Launched, LaunchError, log_tail, start, wait_ready
-from tools.bench import report
+from tools.bench import proc_cpu, report
 from tools.bench.config import BenchConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, BenchError, run_benchmark
-from tools.bench.systems import guidellm
+from tools.bench.systems import guidellm, rounds_report, sweep
 from tools.bench.systems.catalog import (
     CALIBRATION_SYSTEMS,
+    CLEAVE_NIXL_PROGRESS_DELAY_US,
     SYSTEMS,
+    VLLM_NIXL_PROGRESS_DELAY_US,
     PortSource,
     ServingSettings,
     SystemPlan,
     plan_system,
 )
 from tools.bench.systems.presets import DESCRIPTIONS, WORKLOADS, CompareSizes, bench_config
+from tools.bench.systems.rounds import DEFAULT_SLO_PAIRS, SloPair, goodput, parse_slo_pair, round_orders
 from tools.bench.systems.scrape import scrape, stage_mean
+from tools.bench.systems.sweep import SweepPoint
 from tools.bench.systems.tables import SystemOutcome, markdown, workload_json
 
 Planner = Callable[[str, ServingSettings, PortSource], SystemPlan]
@@ -70,6 +74,12 @@ class CompareOptions:
     stop_timeout_s: float = 60.0
     guidellm: GuidellmOptions | None = None
     progress: bool = True
+    # Interleaved rounds (systems/rounds.py): every system once per round, order rotated.
+    rounds: int = 1
+    slo_pairs: tuple[SloPair, ...] = DEFAULT_SLO_PAIRS
+    # Rate sweep: each workload run open loop at each of these rates (req/s) instead of its
+    # preset arrival; the report plots throughput against latency per system (sweep.py).
+    sweep_rates: tuple[float, ...] = ()
 
 
 def _names(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
@@ -91,6 +101,23 @@ def _cores(text: str) -> tuple[int, ...]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"cores like '0-1' or '0,2,4', got {text!r}") from None
     return tuple(cores)
+
+
+def _slo_pair(text: str) -> SloPair:
+    try:
+        return parse_slo_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        rates = ()
+    if not rates or not all(0 < r < float("inf") for r in rates):
+        raise argparse.ArgumentTypeError(f"rates like '0.5,1,2' (req/s, each > 0), got {text!r}")
+    return rates
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,9 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument(
         "--vllm-pd-progress-delay-us",
         type=int,
+        default=CLEAVE_NIXL_PROGRESS_DELAY_US,
+        help="vllm-pd's NIXL progress-thread poll interval, through Cleave's NixlConnector subclass; "
+        f"default {CLEAVE_NIXL_PROGRESS_DELAY_US}, Cleave's workers' --nixl-progress-delay-us; "
+        f"{VLLM_NIXL_PROGRESS_DELAY_US} = vLLM's NixlConnector as shipped (NIXL busy-polls a core)",
+    )
+    add("--rounds", type=int, default=3, help="interleaved rounds, the system order rotated each round")
+    add(
+        "--slo",
+        action="append",
+        type=_slo_pair,
         default=None,
-        help="vllm-pd: use Cleave's NixlConnector subclass with this NIXL poll interval instead of vLLM's"
-        " busy-polling one (isolates that difference)",
+        help="goodput objectives TTFT_MS:ITL_P99_MS (repeatable; default "
+        + " and ".join(f"{p.ttft_ms:g}:{p.itl_p99_ms:g}" for p in DEFAULT_SLO_PAIRS)
+        + ")",
+    )
+    add(
+        "--sweep-rates",
+        type=_rates,
+        default=(),
+        help="comma-separated req/s: run every workload open loop at each rate and plot throughput"
+        " against latency for every system",
     )
     sizes = parser.add_argument_group("workload sizes")
     defaults = CompareSizes()
@@ -163,8 +208,10 @@ def parse_args(argv: Sequence[str]) -> CompareOptions:
             max_num_seqs=args.max_num_seqs,
             cores=args.cores or tuple(sorted(os.sched_getaffinity(0))),
             startup_timeout_s=args.startup_timeout_s,
-            vllm_pd_progress_delay_us=args.vllm_pd_progress_delay_us,
+            vllm_pd_progress_delay_us=args.vllm_pd_progress_delay_us or None,
         )
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
         for name in systems:  # e.g. a disaggregated system on one core
             plan_system(name, settings, itertools.count(1).__next__)
     except (ValueError, argparse.ArgumentTypeError) as exc:
@@ -187,6 +234,9 @@ def parse_args(argv: Sequence[str]) -> CompareOptions:
         stop_timeout_s=args.stop_timeout_s,
         guidellm=check,
         progress=not args.no_progress,
+        rounds=args.rounds,
+        slo_pairs=tuple(args.slo) if args.slo else DEFAULT_SLO_PAIRS,
+        sweep_rates=args.sweep_rates,
     )
 
 
@@ -274,22 +324,42 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f} ms"
 
 
-async def run_workload(plan: SystemPlan, workload: str, options: CompareOptions) -> SystemOutcome:
+async def run_workload(
+    plan: SystemPlan,
+    workload: str,
+    options: CompareOptions,
+    pids: Sequence[int] = (),
+    rate: float | None = None,
+) -> SystemOutcome:
+    """One measured run of `workload` (at `rate`, open loop, when given: a sweep point). CPU
+    time of the system's processes (`pids` and their descendants) is read around it."""
     config = bench_config(workload, options.sizes, plan.base_url, options.settings.served_name)
+    if rate is not None:
+        config = replace(config, rate=rate, concurrency=None)
     outcome = SystemOutcome(plan.name, plan.description, None, stage_notes=plan.stage_notes)
     try:
         if config.warmup_requests:
             await run_benchmark(warmup_config(config))
         async with httpx.AsyncClient() as client:
             before = await scrape(client, plan.metrics_urls)
+            cpu_before = proc_cpu.snapshot(pids)
             result = await run_benchmark(replace(config, warmup_requests=0), progress=options.progress)
+            cpu_after = proc_cpu.snapshot(pids)
             after = await scrape(client, plan.metrics_urls)
     except BenchError as exc:
         return replace(outcome, error=f"benchmark failed: {exc}")
     print(report.format_summary(result) + "\n", flush=True)
-    report.write_json(options.out_dir / "raw" / f"{plan.name}-{workload}.json", [result])
+    suffix = "" if rate is None else f"-rate{rate:g}"
+    report.write_json(options.out_dir / "raw" / f"{plan.name}-{workload}{suffix}.json", [result])
     stages = {p.key: stage_mean(before.get(p.source, ""), after.get(p.source, ""), p) for p in plan.probes}
-    outcome = replace(outcome, summary=result.summary, stages=stages)
+    good = {p.key: goodput(result.records, result.summary.duration_s, p) for p in options.slo_pairs}
+    outcome = replace(
+        outcome,
+        summary=result.summary,
+        stages=stages,
+        goodput=good,
+        cpu_s=proc_cpu.cpu_by_role(cpu_before, cpu_after),
+    )
     if options.guidellm is not None:
         check = await run_guidellm(options.guidellm, plan, workload, options)
         outcome = replace(outcome, guidellm=check)
@@ -334,7 +404,8 @@ def write_reports(
         json_path = options.out_dir / f"{workload}.json"
         json_path.write_text(json.dumps(workload_json(workload, config, outcomes, meta), indent=2) + "\n")
         md_path = options.out_dir / f"{workload}.md"
-        md_path.write_text(markdown(workload, DESCRIPTIONS[workload], config, outcomes))
+        note = rounds_report.nixl_note(options.settings)
+        md_path.write_text(markdown(workload, DESCRIPTIONS[workload], config, outcomes) + f"\n{note}\n")
         written += [json_path, md_path]
     return written
 
@@ -342,7 +413,10 @@ def write_reports(
 async def run_comparison(
     options: CompareOptions, planner: Planner = plan_system, ports: PortSource | None = None
 ) -> dict[str, list[SystemOutcome]]:
-    """Every system in turn, every workload on each; reports rewritten after each system."""
+    """Every system in turn, every workload on each, in `options.rounds` interleaved rounds (the
+    order rotated each round; systems/rounds.py). One round writes its reports into the output
+    folder as before; several write each round's under round-N/ and the medians and spreads
+    over all rounds as <workload>.rounds.md/json. Returns every outcome of every round."""
     if ports is None:
         from libs.rpc.ports import free_port
 
@@ -351,10 +425,52 @@ async def run_comparison(
         planner(name, options.settings, itertools.count(1).__next__)
     if options.guidellm is not None:
         ensure_guidellm(options.guidellm, options.out_dir / "logs" / "guidellm-install.log")
+    orders = round_orders(options.systems, options.rounds)
+    rounds: dict[str, list[list[SystemOutcome]]] = {w: [] for w in options.workloads}
+    swept: list[SweepPoint] = []
+    for index, order in enumerate(orders):
+        folder = options.out_dir if options.rounds == 1 else options.out_dir / f"round-{index + 1}"
+        this_round = replace(options, out_dir=folder)
+        if options.rounds > 1:
+            print(
+                f"compare: round {index + 1}/{options.rounds}: {', '.join(order)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        results = await _run_round(this_round, order, planner, ports, index, swept)
+        for workload in options.workloads:
+            # The systems' own order, whatever the round's, so every round's tables read alike.
+            rounds[workload].append(sorted(results[workload], key=lambda o: options.systems.index(o.system)))
+    if not options.sweep_rates:  # goodput and CPU per token: in every report, one round too
+        notes = [rounds_report.nixl_note(options.settings)]
+        rounds_report.write(options.out_dir, rounds, orders, options.slo_pairs, notes)
+    if options.sweep_rates:
+        labels = {p.key: p.label for p in options.slo_pairs}
+        sweep.write(swept, options.workloads, options.out_dir, labels)
+        return {
+            w: [
+                SystemOutcome(p.system, "", p.summary, error=None if p.summary else "failed")
+                for p in swept
+                if p.workload == w
+            ]
+            for w in options.workloads
+        }
+    return {w: [o for outcomes in rounds[w] for o in outcomes] for w in options.workloads}
+
+
+async def _run_round(
+    options: CompareOptions,
+    order: Sequence[str],
+    planner: Planner,
+    ports: PortSource,
+    index: int,
+    swept: list[SweepPoint],
+) -> dict[str, list[SystemOutcome]]:
+    """One round: each system started, measured on every workload (or every sweep rate), stopped."""
     results: dict[str, list[SystemOutcome]] = {w: [] for w in options.workloads}
     plans: dict[str, SystemPlan] = {}
     startup: dict[str, float] = {}
-    for name in options.systems:
+    for name in order:
         plan = planner(name, options.settings, ports)
         plans[name] = plan
         launched = Launched()
@@ -368,17 +484,25 @@ async def run_comparison(
                 file=sys.stderr,
                 flush=True,
             )
+            pids = [p.pid for p in launched.processes]
             for workload in options.workloads:
-                results[workload].append(await run_workload(plan, workload, options))
+                for rate in options.sweep_rates:
+                    point = await run_workload(plan, workload, options, pids, rate)
+                    swept.append(SweepPoint(workload, name, rate, index, point.summary, point.goodput))
+                if not options.sweep_rates:
+                    results[workload].append(await run_workload(plan, workload, options, pids))
         except LaunchError as exc:
             print(f"compare: {name} failed to start: {exc}", file=sys.stderr, flush=True)
             for workload in options.workloads:
                 if len(results[workload]) < len(plans):
                     results[workload].append(SystemOutcome(name, plan.description, None, error=str(exc)))
+            for workload in options.workloads:
+                swept.extend(SweepPoint(workload, name, r, index, None, {}) for r in options.sweep_rates)
         finally:
             print(f"compare: stopping {name}", file=sys.stderr, flush=True)
             launched.stop(options.stop_timeout_s)
-        write_reports(options, results, _meta(options, plans, startup))
+        if not options.sweep_rates:
+            write_reports(options, results, _meta(options, plans, startup))
     return results
 
 
@@ -404,8 +528,9 @@ def main(argv: Sequence[str]) -> int:
     except (RuntimeError, OSError, ValueError) as exc:
         print(f"compare: error: {exc}", file=sys.stderr)
         return 1
+    suffix = ".sweep.md" if options.sweep_rates else ".rounds.md"
     for workload in options.workloads:
-        print((options.out_dir / f"{workload}.md").read_text())
+        print((options.out_dir / f"{workload}{suffix}").read_text())
     print(f"compare: reports in {options.out_dir}", file=sys.stderr)
     complete = all(
         o.summary is not None and o.summary.completed > 0 for runs in results.values() for o in runs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from tools.bench.runner import BenchResult
-from tools.bench.stats import Distribution
+from tools.bench.stats import Distribution, Summary
 
 # No display: plots only ever go to files. (Switching is fine before any figure exists.)
 matplotlib.use("Agg")
@@ -109,3 +109,28 @@ def write_plots(results: Sequence[BenchResult], folder: Path) -> list[Path]:
         written += [folder / "throughput_vs_rate.png", folder / "latency_vs_rate.png"]
         rate_sweep(results, written[1], written[2])
     return written
+
+
+def throughput_latency(
+    series: Mapping[str, Sequence[tuple[float, Summary]]], path: Path, title: str = ""
+) -> None:
+    """One line per system over a rate sweep: achieved output tok/s against TTFT p50, TTFT p99
+    and ITL p99 (tools/bench:compare --sweep-rates). Points are labelled with the offered rate."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    panels = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"), ("ITL p99", "itl_ms", "p99"))
+    for ax, (label, name, which) in zip(axes, panels, strict=True):
+        for system, points in series.items():
+            ordered = sorted(points, key=lambda p: p[0])
+            xs = [s.output_throughput for _, s in ordered]
+            ys = [_percentile(getattr(s, name), which) for _, s in ordered]
+            ax.plot(xs, ys, marker="o", label=system)
+            for (rate, _), x, y in zip(ordered, xs, ys, strict=True):
+                ax.annotate(f"{rate:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        ax.set(title=f"{label} vs throughput", xlabel="output tok/s", ylabel="ms")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -120,6 +120,7 @@ def test_vllm_pd_can_use_cleaves_connector_to_isolate_nixl_polling() -> None:
         ("cleave-pd", "pd", (), (0, 1), False),
         ("cleave-1p1d", "1p1d", (0,), (1,), False),
         ("cleave-1p1d-kvstore", "1p1d", (0,), (1,), True),
+        ("cleave-1p1d-conditional", "1p1d", (0,), (1,), False),
     ],
 )
 def test_cleave_systems_are_gateway_command_lines_cleave_accepts(
@@ -166,6 +167,7 @@ def test_every_system_gets_the_same_serving_settings() -> None:
             )
     assert set(seen) == {
         "vllm", "vllm-pd-prefill", "vllm-pd-decode", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore",
+        "cleave-1p1d-conditional",
     }  # fmt: skip
     assert set(seen.values()) == {("float32", "1536", "5", str(MODEL))}
 
@@ -192,3 +194,12 @@ def test_reference_is_the_fixed_latency_server_and_not_run_by_default() -> None:
     assert args.model == "smollm2" and p.base_url == f"http://127.0.0.1:{args.port}"
     assert server.health_url == f"{p.base_url}/health" and p.probes == ()
     assert "reference" not in SYSTEMS and not p.is_cleave
+
+
+def test_only_the_conditional_system_runs_conditional_disaggregation() -> None:
+    for name in SYSTEMS:
+        for spec in plan(name).processes:
+            if "services.gateway.main" in spec.argv:
+                config = parse_gateway_args(module_args(spec, "services.gateway.main"))
+                expected = "conditional" if name == "cleave-1p1d-conditional" else "always"
+                assert config.disagg_policy == expected, name

@@ -16,7 +16,9 @@ from tools.bench.systems.presets import WORKLOADS, CompareSizes, bench_config
 def test_defaults_run_every_system_and_workload_on_every_core() -> None:
     options = parse_args(["--out-dir", "/tmp/x"])
     assert (
-        options.systems == SYSTEMS == ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "vllm-pd")
+        options.systems
+        == SYSTEMS
+        == ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "cleave-1p1d-conditional", "vllm-pd")
     )
     assert options.workloads == WORKLOADS == ("short-chat", "long-interference", "prefix")
     assert options.settings.cores == tuple(sorted(os.sched_getaffinity(0)))
@@ -102,3 +104,31 @@ def test_workloads_are_chat_with_exact_output_lengths_and_the_same_prompts() -> 
     assert other.url != prefix.url and other.workload == prefix.workload and other.seed == prefix.seed
     with pytest.raises(ValueError, match="unknown workload"):
         bench_config("chat", sizes, "http://x", "m")
+
+
+def test_rounds_slos_sweep_and_vllm_pds_nixl_polling() -> None:
+    options = parse_args(["--out-dir", "/tmp/x"])
+    assert options.rounds == 3 and len(options.slo_pairs) == 2 and options.sweep_rates == ()
+    # vllm-pd polls NIXL as Cleave's workers do unless asked for vLLM's busy polling (0).
+    assert options.settings.vllm_pd_progress_delay_us == 1000
+    shipped = parse_args(["--out-dir", "/x", "--vllm-pd-progress-delay-us", "0"])
+    assert shipped.settings.vllm_pd_progress_delay_us is None
+    options = parse_args(
+        [
+            "--out-dir",
+            "/x",
+            "--rounds",
+            "5",
+            "--slo",
+            "1000:50",
+            "--slo",
+            "3000:200",
+            "--sweep-rates",
+            "0.5,2",
+        ]
+    )
+    assert options.rounds == 5 and options.sweep_rates == (0.5, 2.0)
+    assert [(p.ttft_ms, p.itl_p99_ms) for p in options.slo_pairs] == [(1000.0, 50.0), (3000.0, 200.0)]
+    for bad in (["--rounds", "0"], ["--slo", "1000"], ["--sweep-rates", "0,1"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--out-dir", "/x", *bad])

@@ -14,17 +14,18 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from libs.config.flags import render
 from libs.stack.config import StackRole
 from libs.stack.local import split_cores as local_split_cores
 from libs.stack.process import ProcessSpec
 from libs.stack.topology import parse_mode
+from libs.worker.config import WorkerConfig
 from services.gateway.config import GatewayConfig
 from tools.bench.systems.scrape import HistogramProbe
 
-SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "vllm-pd")
+SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "cleave-1p1d-conditional", "vllm-pd")
 # Not run by default: tools/bench/reference_server with known latencies, to check what the
 # load generators (tools/bench, GuideLLM) add to what a server does.
 CALIBRATION_SYSTEMS = ("reference",)
@@ -35,7 +36,15 @@ _CLEAVE_SYSTEMS = {
     "cleave-pd": ("pd", False),
     "cleave-1p1d": ("1p1d", False),
     "cleave-1p1d-kvstore": ("1p1d", True),
+    "cleave-1p1d-conditional": ("1p1d", False),
 }
+# Systems whose gateway runs --disagg-policy conditional (libs/gateway/disaggregation.py).
+_CONDITIONAL = frozenset({"cleave-1p1d-conditional"})
+# NIXL's progress thread: Cleave's workers poll every --nixl-progress-delay-us (default 1000);
+# vLLM's NixlConnector as shipped creates its agent through nixl's Python API, which sets
+# pthrDelay = 0 (busy polling: one core per engine). vllm-pd gets Cleave's interval by default.
+CLEAVE_NIXL_PROGRESS_DELAY_US = cast(int, WorkerConfig.__dataclass_fields__["nixl_progress_delay_us"].default)
+VLLM_NIXL_PROGRESS_DELAY_US = 0
 CLEAVE_PREFIX = "cleave-"
 HOST = "127.0.0.1"
 
@@ -299,6 +308,12 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
             HistogramProbe(_KV_TRANSFER, "gateway", "cleave_gateway_worker_kv_pull_seconds"),
         )
         notes = {_ENGINE_PREFILL: _CLEAVE_UNMEASURED[_ENGINE_PREFILL]}
+    if name in _CONDITIONAL:
+        config = replace(config, disagg_policy="conditional")
+        description += (
+            f"; conditional disaggregation (prompts of <= {config.local_prefill_max_tokens} uncached tokens,"
+            " or long ones while prefill is backed up, prefill on the decode worker)"
+        )
     if kvstore:
         # Prefill workers save full 256-token chunks to the kvstore; the gateway sends a prompt
         # straight to decode when the kvstore holds all but a short tail of it, and the decode

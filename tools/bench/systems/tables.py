@@ -56,6 +56,10 @@ class SystemOutcome:
     stage_notes: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     guidellm: GuidellmOutcome | None = None
+    # Goodput (req/s) at each SLO pair, by SloPair.key (rounds.py); CPU seconds by process
+    # role over the measured run (tools/bench/proc_cpu.py).
+    goodput: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     def values(self) -> dict[str, float | None]:
         if self.summary is None or self.summary.completed == 0:
