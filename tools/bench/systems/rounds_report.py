@@ -144,7 +144,7 @@ def nixl_note(settings: ServingSettings) -> str:
         else f"a {settings.vllm_pd_progress_delay_us} us poll interval (Cleave's NixlConnector subclass)"
     )
     return (
-        f"NIXL progress thread: vllm-pd ran with {vllm_pd}; Cleave's workers poll every"
+        f"NIXL progress thread: vllm-pd (when compared) runs with {vllm_pd}; Cleave's workers poll every"
         f" {CLEAVE_NIXL_PROGRESS_DELAY_US} us (--nixl-progress-delay-us). vLLM's default is"
         f" {VLLM_NIXL_PROGRESS_DELAY_US} us, busy polling (`--vllm-pd-progress-delay-us 0` runs it)."
     )
