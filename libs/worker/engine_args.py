@@ -148,14 +148,32 @@ def _kvstore_connector(config: WorkerConfig) -> dict[str, Any]:
 
 def cpu_cores(config: WorkerConfig, usable_cores: Collection[int]) -> tuple[int, ...]:
     """The cores a CPU engine's OpenMP threads run on: its device group, else every core this
-    process may use (`os.sched_getaffinity`, which the caller reads).
+    process may use (`os.sched_getaffinity`, which the caller reads); on a speculating worker
+    plus the draft model's `device_group`.
 
     This, not vLLM's automatic binding, is the default (`--cpu-binding cores`): vLLM's keeps
     one core per engine out of the OpenMP team for its EngineCore process, which on CPU mostly
     spin-waits for the model runner, so on 2 cores the model ran on one core while the spin
     took the other (docs/benchmarks.md, "All cores by default", 2026-12-01).
     """
-    return config.device_group or tuple(sorted(usable_cores))
+    cores = config.device_group or tuple(sorted(usable_cores))
+    return tuple(sorted({*cores, *draft_cpu_cores(config)}))
+
+
+def draft_cpu_cores(config: WorkerConfig) -> tuple[int, ...]:
+    """The draft model's `device_group` as CPU cores the engine adds to its own.
+
+    vLLM runs a draft model inside the target's engine: same process, same OpenMP team, one
+    step after the other (there is no per-draft placement on CPU). The cores given to the
+    draft can therefore only work as more threads of that one team, which the draft's and the
+    target's steps both use. Only a worker that speculates adds them: a prefill worker holds
+    the draft too (for its KV layers, libs/stack/local.py), but the draft's cores belong to
+    the decode stage, as in qaic_disagg's `--decode-speculative-config`.
+    """
+    spec = config.speculative
+    if config.device is not Device.CPU or config.role is Role.PREFILL or spec is None:
+        return ()
+    return spec.draft_device_group
 
 
 def engine_environment(config: WorkerConfig, usable_cores: Collection[int]) -> dict[str, str]:

@@ -29,8 +29,9 @@ from libs.rpc.ports import free_port
 from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
 from libs.worker.config import Device, WorkerConfig
-from libs.worker.engine_args import engine_environment, engine_kwargs
+from libs.worker.engine_args import cpu_cores, draft_cpu_cores, engine_environment, engine_kwargs
 from libs.worker.service import WorkerService
+from libs.worker.speculative import FLAG as SPEC_FLAG
 from services.worker.servicer import SERVICE_NAME, WorkerServicer
 
 log = structlog.get_logger("cleave.worker")
@@ -80,8 +81,9 @@ def fitted_max_model_len(asked: int | None, model_path: Path) -> int | None:
     return asked
 
 
-def pin_to_cores(cores: tuple[int, ...]) -> None:
-    """Pins this process, and so vLLM's engine processes it starts, to `cores`.
+def pin_to_cores(config: WorkerConfig) -> None:
+    """Pins this process, and so vLLM's engine processes it starts, to the engine's cores: the
+    device group, plus a speculating worker's draft `device_group` (engine_args.cpu_cores).
 
     vLLM binds only its OpenMP compute threads to the device group; its engine-core process
     (which spins in sched_yield while it waits for the model runner), the runner's other
@@ -90,14 +92,28 @@ def pin_to_cores(cores: tuple[int, ...]) -> None:
     a short prompt from ~795 to ~648 ms and made TTFT steady (docs/benchmarks.md).
     """
     usable = os.sched_getaffinity(0)
-    missing = sorted(set(cores) - usable)
-    if missing:
-        raise ConfigError(
-            "--device-group",
-            ",".join(map(str, cores)),
-            f"cores of this machine; {missing} are not usable here",
+    draft = draft_cpu_cores(config)
+    for name, group in (
+        ("--device-group", config.device_group),
+        (f"{SPEC_FLAG} key 'draft_override_qaic_config.device_group'", draft),
+    ):
+        missing = sorted(set(group) - usable)
+        if missing:
+            raise ConfigError(
+                name, ",".join(map(str, group)), f"cores of this machine; {missing} are not usable here"
+            )
+    cores = cpu_cores(config, usable)
+    if draft:
+        log.info(
+            "the draft model runs inside this decode engine (vLLM has no separate draft placement "
+            "on CPU): its device_group joins the engine's OpenMP threads, which run the draft's "
+            "and the target's steps",
+            draft_device_group=list(draft),
+            device_group=list(config.device_group) or "all usable cores",
+            engine_cores=list(cores),
         )
-    os.sched_setaffinity(0, cores)
+    if config.device_group:
+        os.sched_setaffinity(0, cores)
 
 
 async def serve(
@@ -184,8 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         security = load_security(config, os.environ)  # --grpc-*: TLS files, the token
         config = resolved(config)
-        if config.device is Device.CPU and config.device_group:
-            pin_to_cores(config.device_group)  # fails here, with the flag's name, on a bad group
+        if config.device is Device.CPU:
+            pin_to_cores(config)  # fails here, with the flag's name, on a bad group
     except (ConfigError, ModelNotFoundError) as error:
         print(f"cleave worker: {error}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from libs.config.errors import ConfigError
 from libs.config.flags import parse
 from libs.config.groups import CpuBinding, GrpcSecurityFlags
 from libs.worker.config import Device, Role, WorkerConfig
-from libs.worker.engine_args import cpu_cores, engine_environment, engine_kwargs
+from libs.worker.engine_args import cpu_cores, draft_cpu_cores, engine_environment, engine_kwargs
 
 
 def config(**overrides: object) -> WorkerConfig:
@@ -212,3 +213,35 @@ def test_max_logprobs_is_vllms_engine_argument_with_its_default_and_range() -> N
     assert parse(WorkerConfig, ["--role", "decode", "--max-logprobs", "-1"]).max_logprobs == -1
     with pytest.raises(ConfigError, match="-1"):
         parse(WorkerConfig, ["--role", "decode", "--max-logprobs", "-2"])
+
+
+def test_a_speculating_cpu_workers_threads_also_take_the_drafts_device_group() -> None:
+    # vLLM runs the draft in the target's engine: the draft's cores can only join its threads.
+    draft = json.dumps(
+        {
+            "speculative_model": "/models/d",
+            "num_speculative_tokens": 3,
+            "draft_override_qaic_config": {"device_group": [0, 3], "num_cores": 6},
+        }
+    )
+    decode = config(role=Role.DECODE, device_group=(2, 3), speculative_config=draft)
+    assert draft_cpu_cores(decode) == (0, 3)
+    assert cpu_cores(decode, usable_cores={0, 1, 2, 3}) == (0, 2, 3)
+    assert engine_environment(decode, usable_cores={0, 2, 3})["VLLM_CPU_OMP_THREADS_BIND"] == "0,2,3"
+    # Without a device group the engine has every usable core, the draft's among them.
+    assert cpu_cores(replace(decode, device_group=()), usable_cores={0, 1, 2, 3}) == (0, 1, 2, 3)
+    # A prefill worker holds the draft only for its KV layers: the draft's cores are decode's.
+    prefill = config(role=Role.PREFILL, device_group=(1,), speculative_config=draft)
+    assert draft_cpu_cores(prefill) == ()
+    assert cpu_cores(prefill, usable_cores={0, 1, 2, 3}) == (1,)
+    # On Cloud AI the group is the plugin's (additional_config), never a CPU binding.
+    qaic = replace(decode, device=Device.QAIC)
+    assert draft_cpu_cores(qaic) == ()
+    assert engine_kwargs(qaic)["additional_config"]["draft_override_qaic_config"]["device_group"] == [0, 3]
+    # n-gram has no draft and no draft cores.
+    ngram = config(
+        role=Role.DECODE,
+        device_group=(2,),
+        speculative_config='{"method": "ngram", "num_speculative_tokens": 5}',
+    )
+    assert cpu_cores(ngram, usable_cores={0, 1, 2}) == (2,)

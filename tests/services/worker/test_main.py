@@ -14,25 +14,62 @@ import grpc
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from structlog.testing import capture_logs
 
 from libs.config.errors import ConfigError
 from libs.rpc.server import GrpcServer, ServerConfig
+from libs.worker.config import Role, WorkerConfig
 from services.worker.main import EXIT_ENGINE_DIED, fitted_max_model_len, pin_to_cores, serve
+
+
+def worker(**overrides: object) -> WorkerConfig:
+    return WorkerConfig(model="/models/m", served_model_name="m", **overrides)  # type: ignore[arg-type]
+
+
+DRAFT = '{{"speculative_model": "/models/d", "num_speculative_tokens": 3, "draft_override_qaic_config": {{"device_group": {}}}}}'
 
 
 def test_cores_the_machine_lacks_are_refused_with_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"--device-group: got '0,4096'.*\[4096\] are not usable"):
-        pin_to_cores((0, 4096))
+        pin_to_cores(worker(device_group=(0, 4096)))
+    first = min(os.sched_getaffinity(0))
+    with pytest.raises(
+        ConfigError,
+        match=r"--speculative-config key 'draft_override_qaic_config.device_group': got '4096'.*\[4096\]",
+    ):
+        pin_to_cores(
+            worker(role=Role.DECODE, device_group=(first,), speculative_config=DRAFT.format("[4096]"))
+        )
 
 
 def test_a_usable_group_pins_this_process() -> None:
     before = os.sched_getaffinity(0)
     first = min(before)
     try:
-        pin_to_cores((first,))
+        pin_to_cores(worker(device_group=(first,)))
         assert os.sched_getaffinity(0) == {first}
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_a_decode_worker_is_pinned_to_its_group_and_its_drafts() -> None:
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("needs two usable cores")
+    first, second = sorted(before)[:2]
+    try:
+        with capture_logs() as logs:
+            pin_to_cores(
+                worker(
+                    role=Role.DECODE, device_group=(first,), speculative_config=DRAFT.format(f"[{second}]")
+                )
+            )
+        assert os.sched_getaffinity(0) == {first, second}
+    finally:
+        os.sched_setaffinity(0, before)
+    [line] = [entry for entry in logs if "draft model runs inside this decode engine" in entry["event"]]
+    assert line["engine_cores"] == [first, second]
+    assert line["draft_device_group"] == [second]
 
 
 def test_max_model_len_is_capped_at_the_models_own(tmp_path: Path) -> None:
