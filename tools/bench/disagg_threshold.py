@@ -7,7 +7,7 @@ prompt length: the measurement behind conditional disaggregation's default thres
 Two 1p1d stacks in turn (the same cores and settings as tools/bench:compare's cleave-1p1d):
 `remote` (--disagg-policy always) and `local` (conditional, every prompt under the threshold:
 the decode worker computes it). On each, per prompt length and repetition, fresh prompts:
-- idle: one request with max_tokens 1, its TTFT;
+- idle: one request with max_tokens 4, its TTFT;
 - under decode: a stream of 32-token prompt decoding 300 tokens runs; 1 s in, the same kind of
   request is sent; its TTFT, and the longest gap the running stream saw while it was served
   (how much the prompt stalled decode), against that stream's median gap.
@@ -39,6 +39,9 @@ PLACEMENTS = {
     "local": ("--disagg-policy", "conditional", "--local-prefill-max-tokens", "1000000"),
 }
 BACKGROUND_TOKENS = 300
+# Tokens a probe request generates: a few, since TTFT is taken at the first non-empty text
+# (a lone token may decode to nothing, e.g. part of a multi-byte character).
+PROBE = 4
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,9 @@ async def measure(url: str, model: str, placement: str, lengths: Sequence[int], 
         await stream_request(client, "/v1/completions", _body(model, _prompt(rng, 64), 4))  # warm up
         for length in lengths:
             for _ in range(reps):
-                idle = await stream_request(client, "/v1/completions", _body(model, _prompt(rng, length), 1))
+                idle = await stream_request(
+                    client, "/v1/completions", _body(model, _prompt(rng, length), PROBE)
+                )
                 bg_start = time.perf_counter()
                 background = asyncio.create_task(
                     stream_request(
@@ -90,13 +95,16 @@ async def measure(url: str, model: str, placement: str, lengths: Sequence[int], 
                 await asyncio.sleep(1.0)
                 fg_start = time.perf_counter()
                 loaded = await stream_request(
-                    client, "/v1/completions", _body(model, _prompt(rng, length), 1)
+                    client, "/v1/completions", _body(model, _prompt(rng, length), PROBE)
                 )
                 fg_end = time.perf_counter()
                 bg = await background
                 if idle.ttft_s is None or loaded.ttft_s is None or bg.error or not bg.itl_s:
                     errors = [o.error for o in (idle, loaded, bg) if o.error]
-                    raise RuntimeError(f"{placement} {length}: {errors or 'no token'}")
+                    if errors:
+                        raise RuntimeError(f"{placement} {length}: {errors}")
+                    print(f"{placement} {length}: no text in a stream; sample skipped", file=sys.stderr)
+                    continue
                 times = _times(bg, bg_start)
                 during = [b - a for a, b in itertools.pairwise(times) if b >= fg_start and a <= fg_end]
                 samples.append(
