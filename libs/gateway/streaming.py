@@ -126,6 +126,8 @@ async def sse_events(
             body = error.body() if isinstance(error, errors.ApiError) else worker_failed(error).body()
             log.warning("stream failed", error=body["error"]["message"])
             yield sse(body)
+        finally:
+            chunks.close()  # the tool-call parsing streams still open, if any
         yield sse("[DONE]")
 
 
@@ -140,6 +142,9 @@ class _Chunks:
         self._started: set[int] = set()  # completion choices that sent their first chunk
         self._object = "chat.completion.chunk" if fmt.chat else "text_completion"
         self._tools = (fmt.tools or ToolCalling()).stream()
+
+    def close(self) -> None:
+        self._tools.close()
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         return sse(
@@ -186,7 +191,9 @@ class _Chunks:
         top = self._fmt.top_logprobs
         if self._fmt.chat:
             logprobs = await chat_logprobs(event.logprobs, top, token_text) if event.logprobs else None
-            delta, finish_reason = await self._tools.delta(event.index, event.text, event.finish_reason)
+            delta, finish_reason = await self._tools.delta(
+                event.index, event.text, event.finish_reason, list(event.token_ids)
+            )
             return {
                 "index": event.index,
                 "delta": delta,

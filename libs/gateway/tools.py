@@ -8,8 +8,11 @@
   set (it reuses the parser's generic JSON path); Cleave serves them with any model.
 - `auto`: model-specific formats need vLLM's tool parsers, which need the tokenizer (special
   tokens, vocabulary), so they run in the tokenizer service (`ParseToolCalls`, started with
-  `--tool-call-parser`); the gateway sends the finished text. Streams with `auto` hold the text
-  back and send content and calls when the sequence ends.
+  `--tool-call-parser`); the gateway sends the finished text.
+- Streams: a named tool's arguments stream as generated; `required` and `auto` are parsed as
+  the text arrives by vLLM's streaming parsers in the tokenizer service
+  (`ParseToolCallsStream`, libs/gateway/tool_stream.py), so arguments stream as OpenAI
+  tool-call deltas while they are generated, as vLLM's serving_chat streams them.
 - `none`: the tools are still rendered into the prompt (as vLLM does unless told otherwise).
 
 finish_reason: "tool_calls" for `required` and for `auto` when the parser found calls; "stop"
@@ -31,9 +34,12 @@ from pydantic import BaseModel
 
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors
+from libs.gateway.tool_stream import ToolCallsStream
 
 # The tokenizer service's ParseToolCalls (bound to the stub and request id), for `auto`.
 ParseCalls = Callable[[str], Awaitable[tokenizer_pb2.ParseToolCallsResponse]]
+# Opens the tokenizer service's ParseToolCallsStream for one sequence ("required" or "auto").
+OpenStream = Callable[[str], ToolCallsStream]
 
 
 class FunctionDefinition(BaseModel):
@@ -83,7 +89,13 @@ def tool_calling(
                 type_="service_unavailable",
             ) from error
 
-    return ToolCalling.for_request(body.tools, body.tool_choice, body.parallel_tool_calls, parse)
+    def open_stream(tool_choice: str) -> ToolCallsStream:
+        return ToolCallsStream(tokenizer, tool_choice=tool_choice, tools_json=text_tools)
+
+    calling = ToolCalling.for_request(body.tools, body.tool_choice, body.parallel_tool_calls, parse)
+    if calling.mode in ("required", "auto"):
+        calling.open_stream = open_stream
+    return calling
 
 
 def tool_call_id() -> str:
@@ -162,6 +174,7 @@ class ToolCalling:
     function_name: str = ""
     parallel_tool_calls: bool | None = None
     parse: ParseCalls | None = None
+    open_stream: OpenStream | None = None  # streams of `required` and `auto`
 
     @classmethod
     def for_request(
@@ -247,18 +260,21 @@ def _json_array(text: str) -> list[dict[str, Any]]:
 class ToolStream:
     """Streamed deltas of one request's choices. A named tool's arguments stream as generated
     (the first delta carries the call's id and name, as vLLM's extract_named_tool_call_streaming);
-    `required` and `auto` hold their text back and send the calls when the sequence ends."""
+    `required` and `auto` stream through the tokenizer service's parsers (`open_stream`), or,
+    without one, hold their text back and send the calls when the sequence ends."""
 
     calling: ToolCalling
     _held: dict[int, list[str]] = field(default_factory=dict)
     _named_ids: dict[int, str] = field(default_factory=dict)
+    _streams: dict[int, ToolCallsStream] = field(default_factory=dict)
+    _streamed_calls: set[int] = field(default_factory=set)
 
     @property
     def active(self) -> bool:
         return self.calling.mode is not None
 
     async def delta(
-        self, index: int, text: str, finish_reason: str | None
+        self, index: int, text: str, finish_reason: str | None, token_ids: list[int] | None = None
     ) -> tuple[dict[str, Any], str | None]:
         """The delta for one event of sequence `index`, and the finish_reason to send."""
         calling = self.calling
@@ -273,6 +289,8 @@ class ToolStream:
                 call = {"index": 0, "id": self._named_ids[index], "type": "function",
                         "function": {"name": calling.function_name, "arguments": text}}  # fmt: skip
             return {"tool_calls": [call]}, finish_reason
+        if calling.open_stream is not None:
+            return await self._parsed_delta(index, text, token_ids or [], finish_reason)
         self._held.setdefault(index, []).append(text)
         if finish_reason is None:
             return {}, None
@@ -283,3 +301,39 @@ class ToolStream:
         if calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
         return delta, calling._finish_reason(calls, finish_reason)
+
+    async def _parsed_delta(
+        self, index: int, text: str, token_ids: list[int], finish_reason: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        stream = self._streams.get(index)
+        if stream is None:
+            assert self.calling.open_stream is not None and self.calling.mode is not None
+            stream = self._streams[index] = self.calling.open_stream(self.calling.mode)
+        parsed = await stream.feed(text, token_ids, finished=finish_reason is not None)
+        delta: dict[str, Any] = {}
+        if parsed.HasField("content") and parsed.content:
+            delta["content"] = parsed.content
+        calls = []
+        for part in parsed.tool_calls:
+            if self.calling.parallel_tool_calls is False and part.index > 0:
+                continue  # vLLM's maybe_filter_parallel_tool_calls
+            function: dict[str, Any] = {"arguments": part.arguments}
+            entry: dict[str, Any] = {"index": part.index, "function": function}
+            if part.id:
+                entry.update(id=part.id, type="function")
+            if part.name:
+                function["name"] = part.name
+            calls.append(entry)
+        if calls:
+            delta["tool_calls"] = calls
+            self._streamed_calls.add(index)
+        # vLLM's rule: "tool_calls" once a sequence streamed a call and stopped on its own.
+        if finish_reason == "stop" and index in self._streamed_calls:
+            finish_reason = "tool_calls"
+        return delta, finish_reason
+
+    def close(self) -> None:
+        """Ends the tokenizer streams still open (a client that left, a failed stream)."""
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()

@@ -202,6 +202,63 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
         return await self._unary("ParseToolCalls", context, parse)
 
+    async def ParseToolCallsStream(
+        self,
+        request_iterator: AsyncIterator[tokenizer_pb2.ParseToolCallsStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[tokenizer_pb2.ParseToolCallsStreamResponse]:
+        """Protocol errors and a `start` that cannot be served end the call (INVALID_ARGUMENT,
+        FAILED_PRECONDITION) before any response; each `delta` then gets one response. The
+        per-delta work (a partial-JSON scan, vLLM's parser) stays on the event loop: it is
+        small, like the streaming detokenizer's."""
+        from libs.tokenization.vllm_tool_parsing import StreamingToolCalls
+
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        try:
+            if first is None or first.WhichOneof("kind") != "start":
+                got = "nothing" if first is None else f"`{first.WhichOneof('kind')}`"
+                raise InvalidRequest(f"the first message must be `start`, got {got}")
+            _bind(first.start.metadata)
+            parser = self._tool_parser
+            if first.start.tool_choice == "auto" and parser is None:
+                raise FailedPrecondition("this tokenizer service has no --tool-call-parser")
+            try:
+                session = StreamingToolCalls(
+                    first.start.tool_choice,
+                    first.start.tools_json,
+                    self._tokenizer.hf_tokenizer,
+                    parser,  # type: ignore[arg-type]
+                )
+            except ValueError as error:  # tools that are not vLLM's tool shape, a bad tool_choice
+                raise InvalidRequest(f"tools: {error}") from None
+        except Exception as error:
+            await errors.abort(context, error, service=SERVICE, method="ParseToolCallsStream")
+        async for message in requests:
+            if message.WhichOneof("kind") != "delta":
+                await errors.abort(
+                    context,
+                    InvalidRequest("expected `delta`"),
+                    service=SERVICE,
+                    method="ParseToolCallsStream",
+                )
+            delta = message.delta
+            try:
+                parsed = session.feed(delta.text, list(delta.token_ids), delta.finished)
+            except Exception as error:
+                await errors.abort(context, error, service=SERVICE, method="ParseToolCallsStream")
+            response = tokenizer_pb2.ParseToolCallsStreamResponse(
+                tool_calls=[
+                    tokenizer_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+                    for c in parsed.calls
+                ]
+            )
+            if parsed.content is not None:
+                response.content = parsed.content
+            yield response
+            if delta.finished:
+                return
+
     async def GetInfo(
         self, request: tokenizer_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> tokenizer_pb2.TokenizerInfo:

@@ -11,6 +11,7 @@ import pytest
 from cleave.tokenizer.v1 import tokenizer_pb2
 from libs.gateway import errors
 from libs.gateway.openai_api import ChatCompletionRequest
+from libs.gateway.tool_stream import ToolCallsStream
 from libs.gateway.tools import NamedFunction, NamedToolChoice, ToolCalling, tool_calling, tools_json
 
 pytestmark = pytest.mark.anyio
@@ -95,6 +96,88 @@ async def test_required_streams_its_calls_when_the_sequence_ends() -> None:
     assert call["index"] == 0 and call["function"]["name"] == "weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
     assert finish == "tool_calls"
+
+
+class FakeParseStream:
+    """The tokenizer's ParseToolCallsStream, scripted: one response per delta it reads."""
+
+    def __init__(self, responses: list[tokenizer_pb2.ParseToolCallsStreamResponse]) -> None:
+        self.responses = list(responses)
+        self.requests: list[tokenizer_pb2.ParseToolCallsStreamRequest] = []
+        self.cancelled = False
+
+    def ParseToolCallsStream(self, request_iterator: Any) -> FakeParseStream:
+        self._requests = request_iterator
+        return self
+
+    async def read(self) -> tokenizer_pb2.ParseToolCallsStreamResponse:
+        while True:  # the start message, then this read's delta
+            request = await anext(self._requests)
+            self.requests.append(request)
+            if request.WhichOneof("kind") == "delta":
+                return self.responses.pop(0)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def part(index: int, arguments: str, id: str = "", name: str = "") -> tokenizer_pb2.ToolCallDelta:
+    return tokenizer_pb2.ToolCallDelta(index=index, id=id, name=name, arguments=arguments)
+
+
+def streamed(mode: str, fake: FakeParseStream, parallel: bool | None = True) -> Any:
+    calling = ToolCalling(mode, parallel_tool_calls=parallel)  # type: ignore[arg-type]
+    calling.open_stream = lambda choice: ToolCallsStream(fake, tool_choice=choice, tools_json="[]")  # type: ignore[arg-type]
+    return calling.stream()
+
+
+async def test_required_streams_argument_deltas_as_the_tokenizer_parses_them() -> None:
+    Response = tokenizer_pb2.ParseToolCallsStreamResponse
+    fake = FakeParseStream([
+        Response(),
+        Response(tool_calls=[part(0, '{"ci', id="chatcmpl-tool-1", name="weather")]),
+        Response(tool_calls=[part(0, 'ty": "Oslo"}')]),
+        Response(),
+    ])  # fmt: skip
+    stream = streamed("required", fake)
+    tokens = ['[{"name": "wea', 'ther", "parameters": {"ci', 'ty": "Oslo"}', "}]"]
+    deltas = [await stream.delta(0, t, "stop" if i == 3 else None, [i]) for i, t in enumerate(tokens)]
+    assert deltas[0] == ({}, None)
+    assert deltas[1] == (
+        {"tool_calls": [{"index": 0, "id": "chatcmpl-tool-1", "type": "function",
+                         "function": {"name": "weather", "arguments": '{"ci'}}]},
+        None,
+    )  # fmt: skip
+    assert deltas[2] == ({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}, None)
+    assert deltas[3] == ({}, "tool_calls")  # a call was streamed and the sequence stopped
+    start = fake.requests[0].start
+    assert (start.tool_choice, start.tools_json) == ("required", "[]")
+    sent = [r.delta for r in fake.requests[1:]]
+    assert [d.text for d in sent] == tokens and [list(d.token_ids) for d in sent] == [[0], [1], [2], [3]]
+    assert [d.finished for d in sent] == [False, False, False, True]
+    stream.close()
+    assert not fake.cancelled  # the stream had ended: nothing to cancel
+
+
+async def test_auto_streams_content_and_calls_and_one_call_when_parallel_calls_are_off() -> None:
+    Response = tokenizer_pb2.ParseToolCallsStreamResponse
+    fake = FakeParseStream([
+        Response(content="Let me look."),
+        Response(tool_calls=[part(0, "{}", id="a", name="x"), part(1, "{}", id="b", name="y")]),
+    ])  # fmt: skip
+    stream = streamed("auto", fake, parallel=False)
+    assert await stream.delta(0, "Let me look.", None, [1]) == ({"content": "Let me look."}, None)
+    delta, finish = await stream.delta(0, "<tool_call>...", "length", [2])
+    assert [c["id"] for c in delta["tool_calls"]] == ["a"]  # vLLM's maybe_filter_parallel_tool_calls
+    assert finish == "length"  # only a sequence that stopped on its own finishes with tool_calls
+
+
+async def test_a_stream_left_early_cancels_its_tokenizer_calls() -> None:
+    fake = FakeParseStream([tokenizer_pb2.ParseToolCallsStreamResponse()])
+    stream = streamed("required", fake)
+    await stream.delta(0, "[", None, [1])
+    stream.close()
+    assert fake.cancelled
 
 
 async def test_plain_stream_deltas_are_content() -> None:

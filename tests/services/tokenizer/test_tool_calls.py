@@ -125,3 +125,41 @@ async def test_without_a_parser_parse_tool_calls_is_a_failed_precondition(smollm
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.ParseToolCalls(pb.ParseToolCallsRequest(text="x"))
         assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _start(tool_choice: str) -> pb.ParseToolCallsStreamRequest:
+    start = pb.ParseToolCallsStreamRequest.Start(tools_json=json.dumps([WEATHER]), tool_choice=tool_choice)
+    return pb.ParseToolCallsStreamRequest(start=start)
+
+
+def _delta(text: str, finished: bool = False) -> pb.ParseToolCallsStreamRequest:
+    return pb.ParseToolCallsStreamRequest(
+        delta=pb.ParseToolCallsStreamRequest.Delta(text=text, finished=finished)
+    )
+
+
+async def test_parse_tool_calls_stream_answers_each_delta_of_a_required_array(smollm2: Tokenizer) -> None:
+    pieces = ['[{"name": "wea', 'ther", "parameters": {"ci', 'ty": "Os', 'lo"}}]']
+    async for stub in serve(TokenizerServicer(smollm2, model="m", max_model_len=64)):
+        requests = [_start("required")] + [_delta(p, i == len(pieces) - 1) for i, p in enumerate(pieces)]
+        responses = [r async for r in stub.ParseToolCallsStream(iter(requests))]
+    assert len(responses) == len(pieces)  # one per delta, then the stream ends
+    assert not responses[0].tool_calls  # the name is not complete yet
+    [first] = responses[1].tool_calls
+    assert (first.index, first.name) == (0, "weather") and first.id
+    assert first.arguments == '{"ci'
+    assert [c.arguments for r in responses[2:] for c in r.tool_calls] == ['ty": "Os', 'lo"}']
+    assert not any(c.id or c.name for r in responses[2:] for c in r.tool_calls)
+
+
+async def test_parse_tool_calls_stream_refuses_what_it_cannot_serve(smollm2: Tokenizer) -> None:
+    async for stub in serve(TokenizerServicer(smollm2, model="m", max_model_len=64)):
+        for requests, code in (
+            # Refused on the first message, before any response.
+            ([_start("auto")], grpc.StatusCode.FAILED_PRECONDITION),  # no parser
+            ([_delta("x")], grpc.StatusCode.INVALID_ARGUMENT),  # no start
+            ([_start("none")], grpc.StatusCode.INVALID_ARGUMENT),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                _ = [r async for r in stub.ParseToolCallsStream(iter(requests))]
+            assert raised.value.code() == code, raised.value.details()
