@@ -1,0 +1,142 @@
+"""vLLM's own tests of /v1/completions and /v1/chat/completions, run against a Cleave gateway.
+
+    ./bazel run //tools/vllm_conformance -- --vllm-tests /path/to/vllm [--mode pd|1p1d]
+        [--report report.xml] [-- PYTEST ARGS]
+
+`--vllm-tests` is a checkout of vLLM's sources (the version of the lock, or as close as one
+can be found); nothing of it is kept in this repository. The runner copies the test files
+below into a fresh folder, with a `tests/utils.py` whose `RemoteOpenAIServer` starts a
+Cleave local stack instead of `vllm serve` (shim/tests_utils.py, serve_args.py) and a conftest that
+points the tokenizers the tests build at the served model (shim/tests_conftest.py), then runs
+pytest there. Tests that exercise vLLM's classes in process, or need what Cleave does not
+serve (LoRA adapters, prompt embeddings, a tokenizer-less engine), are left out by name, each
+with its reason in LEFT_OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from libs.config.groups import DEFAULT_CACHE_DIR
+from libs.models.resolve import resolve_model
+from tools.cli_args import split_gateway_args, user_path
+
+OPENAI_TESTS = "tests/entrypoints/openai"
+# The files of vLLM's tests that talk to a server over HTTP about these two endpoints.
+FILES = [
+    "completion/test_completion.py",
+    "completion/test_prompt_validation.py",
+    "chat_completion/test_chat.py",
+    "chat_completion/test_chat_completion.py",
+    "chat_completion/test_chat_echo.py",
+    "chat_completion/test_chat_logit_bias_validation.py",
+    "chat_completion/test_completion_with_function_calling.py",
+    "chat_completion/test_enable_force_include_usage.py",
+    "chat_completion/test_batched_chat_completions.py",
+    "chat_completion/test_root_path.py",
+    "test_return_token_ids.py",
+    "test_return_tokens_as_ids.py",
+]
+# pytest -k expressions -> why they are not run against Cleave.
+LEFT_OUT = {
+    "lora": "LoRA adapters: Cleave serves no adapters (requests naming one get a 404)",
+    "kimi_k2": "Kimi-K2's tool-call id format: its parser and model are not loadable here",
+    "test_load_prompt_embeds or test_disable_prompt_embeds": (
+        "vLLM's prompt-embeds loader in process (no server): Cleave refuses prompt_embeds"
+    ),
+}
+# Files left out whole: they test vLLM's serving classes in process, with mocks, no HTTP.
+FILES_LEFT_OUT = {
+    "completion/test_completion_error.py": "vLLM's OpenAIServingCompletion in process, mocked engine",
+    "chat_completion/test_chat_error.py": "vLLM's OpenAIServingChat in process, mocked engine",
+    "completion/test_token_in_token_out.py": "--skip-tokenizer-init: Cleave's tokenizer service owns text",
+}
+
+PYTEST_INI = """[pytest]
+anyio_mode = auto
+markers =
+    asyncio: vLLM's pytest-asyncio tests, run by anyio's plugin here
+filterwarnings =
+    ignore::DeprecationWarning
+"""
+PYTEST_ASYNCIO = '''"""pytest-asyncio's `fixture`, for vLLM's tests: anyio's plugin runs async fixtures."""
+import pytest
+
+
+def fixture(*args, loop_scope=None, **kwargs):
+    return pytest.fixture(*args, **kwargs)
+'''
+
+
+def prepare(vllm_root: Path, work: Path, files: list[str]) -> list[str]:
+    """Copies the test files and the shim into `work`; returns the test paths to run."""
+    shim = Path(__file__).resolve().parent / "shim"
+    tests = work / "tests"
+    for folder in (tests, tests / "entrypoints", work / OPENAI_TESTS):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "__init__.py").touch()
+    shutil.copy(shim / "tests_utils.py", tests / "utils.py")
+    shutil.copy(shim / "tests_conftest.py", tests / "conftest.py")
+    (work / "pytest.ini").write_text(PYTEST_INI)
+    try:
+        import pytest_asyncio  # noqa: F401
+    except ImportError:
+        (work / "pytest_asyncio").mkdir(exist_ok=True)
+        (work / "pytest_asyncio" / "__init__.py").write_text(PYTEST_ASYNCIO)
+    paths = []
+    for name in files:
+        source = vllm_root / OPENAI_TESTS / name
+        target = work / OPENAI_TESTS / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (target.parent / "__init__.py").touch()
+        shutil.copy(source, target)
+        paths.append(str(target.relative_to(work)))
+    return paths
+
+
+def main(argv: list[str]) -> int:
+    own, pytest_args = split_gateway_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--vllm-tests", type=Path, required=True, help="a checkout of vLLM's sources")
+    parser.add_argument("--mode", default="pd", help="the local stack's topology (pd, 1p1d, ...)")
+    parser.add_argument("--model", default="smollm2", help="the model every test's server serves")
+    parser.add_argument("--files", nargs="*", default=FILES, help=f"test files under {OPENAI_TESTS}")
+    parser.add_argument("--report", type=Path, help="a JUnit XML report of the run")
+    parser.add_argument("--work-dir", type=Path, help="where the run's copy goes (default: a temp folder)")
+    parser.add_argument(
+        "--gateway-arg", action="append", default=[], help="an extra gateway flag for every server"
+    )
+    args = parser.parse_args(own)
+    vllm_root = user_path(args.vllm_tests)
+    model = resolve_model(args.model, DEFAULT_CACHE_DIR / "models", progress=False).path
+    work = user_path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="vllm-conformance-"))
+    paths = prepare(vllm_root, work, args.files)
+    os.environ["CLEAVE_CONFORMANCE_MODEL"] = str(model)
+    os.environ["CLEAVE_CONFORMANCE_MODE"] = args.mode
+    os.environ["CLEAVE_CONFORMANCE_GATEWAY_ARGS"] = json.dumps(args.gateway_arg)
+    print(f"vllm-conformance: {len(paths)} files in {work}, mode {args.mode}, model {model}", flush=True)
+    for name, reason in {**FILES_LEFT_OUT, **LEFT_OUT}.items():
+        print(f"  left out: {name}: {reason}", flush=True)
+    os.chdir(work)
+    sys.path.insert(0, str(work))
+    import pytest
+
+    selection = "not (" + " or ".join(f"({expr})" for expr in LEFT_OUT) + ")"
+    if "-k" in pytest_args:  # the caller's selection, within what is not left out
+        at = pytest_args.index("-k")
+        selection = f"({pytest_args[at + 1]}) and {selection}"
+        pytest_args = pytest_args[:at] + pytest_args[at + 2 :]
+    options = ["-p", "no:cacheprovider", "-q", "-rA", f"--rootdir={work}", "-k", selection]
+    if args.report:
+        options.append(f"--junitxml={user_path(args.report)}")
+    return int(pytest.main([*options, *pytest_args, *paths]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
