@@ -165,6 +165,16 @@ class ToolParserFlags:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChatTemplateFlags:
+    # vLLM's flag: a model without a (tool-aware) template gets one; read by the tokenizer.
+    chat_template: str | None = flag(
+        None,
+        help="vLLM's --chat-template: a Jinja template file, or the template itself, used instead "
+        "of the model's own",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class GrpcSecurityFlags:
     """Who may call Cleave's gRPC services, for every server and for the channels a service
     opens to the others. Only file paths are flags (argv is readable by every local user);

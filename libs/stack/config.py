@@ -11,6 +11,7 @@ from libs.config.errors import ConfigError
 from libs.config.flags import FLOAT, PATH, Codec, flag, group
 from libs.config.groups import (
     DEFAULT_CACHE_DIR,
+    ChatTemplateFlags,
     EngineFlags,
     LoggingFlags,
     ModelFlags,
@@ -33,7 +34,7 @@ class StackRole(RoleFlags):
 
 
 @dataclass(frozen=True, kw_only=True)
-class StackConfig(LoggingFlags, ModelFlags, EngineFlags, ToolParserFlags):
+class StackConfig(LoggingFlags, ModelFlags, EngineFlags, ToolParserFlags, ChatTemplateFlags):
     cache_dir: Path = flag(DEFAULT_CACHE_DIR, codec=PATH, help="local stack: converted models and logs")
     mode: Topology = flag(
         parse_mode("1p1d"),

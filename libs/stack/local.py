@@ -19,6 +19,7 @@ import structlog
 
 from libs.config.flags import compose
 from libs.config.groups import (
+    ChatTemplateFlags,
     EngineFlags,
     GrpcSecurityFlags,
     LoggingFlags,
@@ -149,6 +150,7 @@ def tokenizer_config(
         (config, LoggingFlags),
         (security, GrpcSecurityFlags),
         (config, ToolParserFlags),
+        (config, ChatTemplateFlags),
     )
 
 

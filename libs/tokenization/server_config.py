@@ -7,11 +7,20 @@ from dataclasses import dataclass
 
 from libs.config.codecs import NON_NEGATIVE_INT
 from libs.config.flags import flag, parse
-from libs.config.groups import GrpcSecurityFlags, LoggingFlags, ModelFlags, ServerFlags, ToolParserFlags
+from libs.config.groups import (
+    ChatTemplateFlags,
+    GrpcSecurityFlags,
+    LoggingFlags,
+    ModelFlags,
+    ServerFlags,
+    ToolParserFlags,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenizerServerConfig(ServerFlags, LoggingFlags, ModelFlags, GrpcSecurityFlags, ToolParserFlags):
+class TokenizerServerConfig(
+    ServerFlags, LoggingFlags, ModelFlags, GrpcSecurityFlags, ToolParserFlags, ChatTemplateFlags
+):
     """Cleave tokenizer: chat templates, tokenize, streaming detokenize with stop strings.
 
     `--max-model-len` is only reported by GetInfo: the gateway checks prompt + max_tokens

@@ -20,6 +20,7 @@ from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
 from libs.tokenization import Tokenizer
 from libs.tokenization import TokenizerConfig as TokenizerFiles
+from libs.tokenization.chat_template import load_chat_template
 from libs.tokenization.server_config import TokenizerServerConfig, parse_args
 from libs.tokenization.tools import ToolCallParser
 from services.tokenizer.servicer import TokenizerServicer, binding
@@ -33,7 +34,9 @@ def load_servicer(process: TokenizerServerConfig) -> TokenizerServicer:
     resolved = resolve_model(
         process.model, process.model_cache_dir, progress=True, allow_download=process.allow_model_download
     )
-    tokenizer = Tokenizer.from_config(TokenizerFiles(path=resolved.path))
+    tokenizer = Tokenizer.from_config(
+        TokenizerFiles(path=resolved.path, chat_template=load_chat_template(process.chat_template))
+    )
     return TokenizerServicer(
         tokenizer,
         model=process.served_model_name or resolved.served_name,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,8 @@ from tests.e2e.harness import Service
 from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
 
 MAX_TOKENS = 160
+# Ours (ChatML with Hermes-style tools): runfiles hold it at this path under the workspace.
+HERMES_TEMPLATE = "tests/e2e/chat_templates/hermes_tools.jinja"
 
 
 @pytest.fixture(scope="module", params=["1p1d", "pd"])
@@ -46,6 +49,13 @@ def stack(
         "2048",
         "--structured-outputs-config",
         '{"backend": "xgrammar", "disable_any_whitespace": true}',
+        # `tool_choice: auto` through vLLM's hermes parser, with a template that renders tools
+        # (SmolLM2's own renders none).
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--chat-template",
+        os.path.abspath(HERMES_TEMPLATE),
     )
     try:
         yield request.param, base_url
@@ -233,6 +243,70 @@ def test_a_forced_tool_streams_its_arguments_in_openais_format(stack: tuple[str,
     arguments = "".join(d["function"].get("arguments") or "" for d in deltas)
     jsonschema.validate(json.loads(arguments), PARAMETERS["get_weather"])
     assert finish == "stop"  # a named tool finishes with stop (OpenAI's and vLLM's rule)
+
+
+def stream_tool_deltas(base_url: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str | None]:
+    """A streamed chat completion's tool-call deltas, content and finish_reason."""
+    deltas: list[dict[str, Any]] = []
+    content, finish = "", None
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=300) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[len("data: ") :])["choices"]:
+                deltas.extend(choice["delta"].get("tool_calls") or [])
+                content += choice["delta"].get("content") or ""
+                finish = choice["finish_reason"] or finish
+    return deltas, content, finish
+
+
+def test_required_streams_its_arguments_as_they_are_generated(stack: tuple[str, str]) -> None:
+    _mode, base_url = stack
+    body = {
+        "model": served(base_url),
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "max_tokens": MAX_TOKENS,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "stream": True,
+    }
+    deltas, _content, finish = stream_tool_deltas(base_url, body)
+    assert deltas[0]["id"] and deltas[0]["index"] == 0 and deltas[0]["function"]["name"] in PARAMETERS
+    assert all("id" not in d for d in deltas[1:])
+    pieces = [d["function"].get("arguments") or "" for d in deltas]
+    assert len([p for p in pieces if p]) > 1, pieces  # incremental, not one delta at the end
+    jsonschema.validate(json.loads("".join(pieces)), PARAMETERS[deltas[0]["function"]["name"]])
+    assert finish == "tool_calls"
+
+
+# The Hermes syntax, forced by a regex: SmolLM2 (135M) does not write it on its own. What this
+# proves is the path, not the model: the template renders the tools into the prompt, and the
+# answer's text goes through vLLM's hermes parser (whole and streamed) to OpenAI tool calls.
+HERMES_CALL = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,10}", "unit": "C"\}\}\n</tool_call>'
+
+
+def test_auto_tool_choice_parses_a_hermes_call_with_vllms_parser(stack: tuple[str, str]) -> None:
+    _mode, base_url = stack
+    question = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    base = {"model": served(base_url), "messages": question, "max_tokens": 60, "temperature": 0}
+    plain, with_tools = asyncio.run(post_all(base_url, [base, {**base, "tools": TOOLS, "max_tokens": 1}]))
+    # The template rendered the tools (their JSON) into the prompt.
+    assert with_tools["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 50
+    body = {**base, "tools": TOOLS, "structured_outputs": {"regex": HERMES_CALL}}  # tool_choice: auto
+    [answer] = asyncio.run(post_all(base_url, [body]))
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    [call] = choice["message"]["tool_calls"]
+    assert call["id"] and call["type"] == "function" and call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMETERS["get_weather"])
+    assert not choice["message"]["content"]
+    deltas, content, finish = stream_tool_deltas(base_url, {**body, "stream": True})
+    assert deltas[0]["id"] and deltas[0]["function"]["name"] == "get_weather" and not content.strip()
+    arguments = "".join(d["function"].get("arguments") or "" for d in deltas)
+    assert json.loads(arguments) == json.loads(call["function"]["arguments"])  # greedy: the same call
+    assert finish == "tool_calls"
 
 
 def test_an_invalid_regex_is_a_400_and_no_worker_is_blamed(stack: tuple[str, str]) -> None:

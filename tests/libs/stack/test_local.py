@@ -140,3 +140,9 @@ def test_max_logprobs_reaches_every_worker_and_their_engines() -> None:
             assert worker.max_logprobs == int(value)
             assert parse(WorkerConfig, render(worker)).max_logprobs == int(value)
     assert worker_config(parse(StackConfig, []), Role.BOTH, config.decode, 0, None).max_logprobs == 20
+
+
+def test_the_chat_template_reaches_the_tokenizer() -> None:
+    config = parse(StackConfig, ["--chat-template", "/t/hermes.jinja"])
+    assert parse(TokenizerServerConfig, render(tokenizer_config(config))).chat_template == "/t/hermes.jinja"
+    assert tokenizer_config(parse(StackConfig, [])).chat_template is None
