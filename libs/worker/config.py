@@ -86,6 +86,9 @@ class WorkerConfig(
         codec=INT,
         help="NIXL progress-thread poll interval; 0 = NIXL's busy polling (one core per worker)",
     )
+    # vLLM's flag: prompts may carry precomputed image embeddings (the encoder service's,
+    # modes xEyPD / xEyPzD) instead of pixels; this worker then never runs the vision tower.
+    enable_mm_embeds: bool = flag(False, help="take image embeddings from the encoder service (vLLM's flag)")
     # Not flags: fixed for every Cleave worker.
     enforce_eager: bool = True
     seed: int = 0

@@ -47,6 +47,9 @@ class EngineStep:
     kv_transfer_params: dict[str, Any] | None = None
     # One entry per prompt token (None for the first), only on the first step.
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # The prompt as the engine ran it, only on the first step of a prompt with images: its
+    # image placeholders expanded to one token per embedding (a decode worker needs these ids).
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,12 @@ class Engine(Protocol):
         kv_transfer_params: dict[str, Any] | None = None,
         *,
         cache_salt: str = "",
+        image_embeddings: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         """`cache_salt` (non-empty) separates this prompt's prefix-cache entries from those of
-        requests without the same salt (vLLM's cache_salt)."""
+        requests without the same salt (vLLM's cache_salt). `image_embeddings`: one
+        [num_image_tokens, hidden_size] tensor per image placeholder of the prompt, in order
+        (the encoder service's output)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

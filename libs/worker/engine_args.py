@@ -58,6 +58,8 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
         "disable_log_stats": False,
         "enable_prefix_caching": True,
     }
+    if config.enable_mm_embeds:
+        kwargs["enable_mm_embeds"] = True
     if config.structured_outputs_config:
         kwargs["structured_outputs_config"] = structured_outputs_config(config.structured_outputs_config)
     if config.dtype != "auto":

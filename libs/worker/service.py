@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -14,6 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
+from libs.encoder.tensors import from_proto
 from libs.rpc.errors import FailedPrecondition
 from libs.worker import metrics
 from libs.worker.config import Role, WorkerConfig
@@ -97,9 +99,15 @@ class WorkerService:
         # min_tokens holds back EOS and stop tokens for the first token here; more would be
         # more than this one token (vLLM refuses min_tokens > max_tokens).
         sampling["min_tokens"] = min(sampling["min_tokens"], 1)
+        images = self._image_embeddings(request.image_embeddings)
         started = time.perf_counter()
         last = await self._run_to_end(
-            request_id, prompt, sampling, PREFILL_PARAMS, cache_salt=request.metadata.cache_salt
+            request_id,
+            prompt,
+            sampling,
+            PREFILL_PARAMS,
+            cache_salt=request.metadata.cache_salt,
+            image_embeddings=images,
         )
         metrics.PREFILL_SECONDS.observe(time.perf_counter() - started)
         first = last.sequences[0]
@@ -109,6 +117,10 @@ class WorkerService:
                 prompt_tokens=len(prompt), completion_tokens=1, cached_prompt_tokens=last.num_cached_tokens
             ),
         )
+        if last.prompt_token_ids is not None:
+            # Images: the expanded prompt, which the decode worker's KV positions follow.
+            response.prompt_token_ids.extend(last.prompt_token_ids)
+            response.usage.prompt_tokens = len(last.prompt_token_ids)
         if first.logprobs:
             response.first_token_logprob.CopyFrom(_logprob_proto(first.logprobs[0]))
         if last.prompt_logprobs is not None:
@@ -155,10 +167,19 @@ class WorkerService:
         last: EngineStep | None = None
         prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
         prompt_logprobs_sent = False
+        images = self._image_embeddings(request.image_embeddings)
+        num_prompt_tokens = len(prompt)
         async for step in self._run(
-            request_id, prompt, sampling, kv_params, cache_salt=request.metadata.cache_salt
+            request_id,
+            prompt,
+            sampling,
+            kv_params,
+            cache_salt=request.metadata.cache_salt,
+            image_embeddings=images,
         ):
             last = step
+            if step.prompt_token_ids is not None:
+                num_prompt_tokens = len(step.prompt_token_ids)
             if step.prompt_logprobs is not None:
                 prompt_logprobs = step.prompt_logprobs  # on the first step only
             for sequence in step.sequences:
@@ -187,7 +208,7 @@ class WorkerService:
                 yield worker_pb2.GenerateResponse(chunk=chunk)
         complete = worker_pb2.GenerateComplete(
             usage=common_pb2.Usage(
-                prompt_tokens=len(prompt),
+                prompt_tokens=num_prompt_tokens,
                 completion_tokens=completion_tokens,
                 cached_prompt_tokens=last.num_cached_tokens if last else 0,
             )
@@ -310,6 +331,7 @@ class WorkerService:
         kv_params: dict[str, Any] | None,
         *,
         cache_salt: str = "",
+        image_embeddings: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         """Streams engine steps; if the caller goes away (cancellation), aborts the request."""
         if request_id in self._active:
@@ -318,7 +340,12 @@ class WorkerService:
         finished = False
         try:
             async for step in self._engine.generate(
-                request_id, prompt, sampling, kv_params, cache_salt=cache_salt
+                request_id,
+                prompt,
+                sampling,
+                kv_params,
+                cache_salt=cache_salt,
+                **({"image_embeddings": image_embeddings} if image_embeddings else {}),
             ):
                 finished = step.finished
                 yield step
@@ -338,13 +365,29 @@ class WorkerService:
         kv_params: dict[str, Any],
         *,
         cache_salt: str,
+        image_embeddings: Sequence[Any] = (),
     ) -> EngineStep:
         last: EngineStep | None = None
-        async for step in self._run(request_id, prompt, sampling, kv_params, cache_salt=cache_salt):
+        prompt_token_ids: tuple[int, ...] | None = None
+        async for step in self._run(
+            request_id, prompt, sampling, kv_params, cache_salt=cache_salt, image_embeddings=image_embeddings
+        ):
             last = step
+            prompt_token_ids = step.prompt_token_ids or prompt_token_ids
         if last is None or not last.sequences or not last.sequences[0].token_ids:
             raise RuntimeError("the engine finished a prefill without producing a token")
-        return last
+        return replace(last, prompt_token_ids=prompt_token_ids) if prompt_token_ids else last
+
+    def _image_embeddings(self, tensors: Sequence[common_pb2.Tensor]) -> list[Any]:
+        """The request's image embeddings as tensors; refused where vLLM would refuse them."""
+        if not tensors:
+            return []
+        if not self._config.enable_mm_embeds:
+            raise InvalidRequest("this worker takes no image embeddings (start it with --enable-mm-embeds)")
+        try:
+            return [from_proto(tensor) for tensor in tensors]
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from error
 
 
 def _logprob_proto(logprob: TokenLogprob) -> common_pb2.TokenLogprob:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from importlib import metadata
 from typing import Any
 
@@ -63,6 +64,7 @@ class VllmEngine:
         kv_transfer_params: dict[str, Any] | None = None,
         *,
         cache_salt: str = "",
+        image_embeddings: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         sampling = dict(sampling)
         bad_words = sampling.pop(BAD_WORDS_TOKEN_IDS, None)
@@ -91,9 +93,16 @@ class VllmEngine:
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
         if cache_salt:
             prompt["cache_salt"] = cache_salt  # vLLM folds it into the first block's hash
+        if image_embeddings:
+            # vLLM (enable_mm_embeds) takes a list of 2-D tensors as precomputed embeddings
+            # and expands each image placeholder of the prompt to their length.
+            prompt["multi_modal_data"] = {"image": list(image_embeddings)}
         try:
             async for output in self._engine.generate(prompt, params, request_id):
-                yield _to_step(output, include_prompt_logprobs=first)
+                step = _to_step(output, include_prompt_logprobs=first)
+                if first and image_embeddings:
+                    step = replace(step, prompt_token_ids=tuple(output.prompt_token_ids or ()))
+                yield step
                 first = False
         except VLLMClientError as error:  # input processing refused the request
             raise InvalidRequest(str(error)) from error
