@@ -84,6 +84,9 @@ class SequenceEvent:
     logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM's: the stop token id or stop string that ended it
+    # The prompt's logprobs (as Finished.prompt_logprobs), on each sequence's first event when
+    # the spec asked for them: a stream's echo sends them with its first chunk, as vLLM's.
+    prompt_logprobs: list[common_pb2.TokenLogprob] | None = None
 
 
 @dataclass
@@ -120,6 +123,7 @@ class _Progress:
     completion_tokens: int = 0
     emitted: bool = False
     prompt_logprobs: list[common_pb2.TokenLogprob] | None = None
+    prompt_logprobs_sent: set[int] = field(default_factory=set)  # sequences whose first event had them
 
 
 class Pipeline:
@@ -414,6 +418,9 @@ class Pipeline:
                 if chunk.index not in progress.open_sequences:
                     continue
                 event = await self._sequence_event(spec, chunk, progress)
+                if progress.prompt_logprobs is not None and chunk.index not in progress.prompt_logprobs_sent:
+                    progress.prompt_logprobs_sent.add(chunk.index)
+                    event.prompt_logprobs = progress.prompt_logprobs
                 migration.record(chunk.index, chunk.token_ids)
                 progress.emitted = True
                 yield event

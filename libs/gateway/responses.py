@@ -96,14 +96,19 @@ async def chat_logprobs(
 
 
 async def completion_logprobs(
-    entries: Sequence[common_pb2.TokenLogprob | int], top: int, token_text: TokenText
+    entries: Sequence[common_pb2.TokenLogprob | int],
+    top: int,
+    token_text: TokenText,
+    *,
+    initial_offset: int = 0,
 ) -> dict[str, Any]:
-    """A bare id in `entries` is a token without logprobs (echo's first prompt token)."""
+    """A bare id in `entries` is a token without logprobs (echo's first prompt token).
+    `initial_offset`: where this chunk's text starts in the choice's (a stream's later chunks)."""
     logged = [e for e in entries if not isinstance(e, int)]
     ids = {_token_id(e) for e in entries} | {t.token_id for e in logged for t in e.top}
     texts = await token_text(sorted(ids))
     tokens = [texts.get(_token_id(e), "") for e in entries]
-    offsets, position = [], 0
+    offsets, position = [], initial_offset
     for token in tokens:
         offsets.append(position)
         position += len(token)

@@ -15,9 +15,11 @@ from typing import Any
 
 import structlog
 
+from cleave.common.v1 import common_pb2
 from libs.gateway import errors, metrics
 from libs.gateway.openai_api import StreamOptions
 from libs.gateway.pipeline import Finished, GenerationSpec, MidStreamError, SequenceEvent
+from libs.gateway.response_extras import echo_entries
 from libs.gateway.responses import (
     Generate,
     TokenText,
@@ -140,6 +142,7 @@ class _Chunks:
         self._id = f"{prefix}-{spec.request_id}"
         self._prompt = list(spec.prompt_token_ids)
         self._started: set[int] = set()  # completion choices that sent their first chunk
+        self._text_offsets: dict[int, int] = {}  # where each completion choice's next logprob text starts
         self._object = "chat.completion.chunk" if fmt.chat else "text_completion"
         self._tools = (fmt.tools or ToolCalling()).stream()
 
@@ -202,9 +205,18 @@ class _Chunks:
                 "stop_reason": event.stop_reason,
                 **self._token_ids(event),
             }
-        logprobs = await completion_logprobs(event.logprobs, top, token_text) if event.logprobs else None
         first = event.index not in self._started
         self._started.add(event.index)
+        entries: list[common_pb2.TokenLogprob | int] = list(event.logprobs)
+        if first and self._fmt.echo_text and event.prompt_logprobs is not None:
+            # vLLM's echo with logprobs: the prompt's entries lead the first chunk's.
+            entries = echo_entries(self._prompt, event.prompt_logprobs) + entries
+        logprobs = None
+        if entries:
+            # Offsets run on through the choice's text, chunk after chunk, as vLLM's.
+            offset = self._text_offsets.get(event.index, 0)
+            logprobs = await completion_logprobs(entries, top, token_text, initial_offset=offset)
+            self._text_offsets[event.index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
         choice = {
             "index": event.index,
             "text": (self._fmt.echo_text if first else "") + event.text,

@@ -7,6 +7,7 @@ continue_final_message with echo; the batched chat endpoint."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,19 @@ def post(base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     response = httpx.post(f"{base_url}{path}", json={"model": model, **body}, timeout=300)
     assert response.status_code == 200, response.text
     return dict(response.json())
+
+
+def stream_completion(base_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed completion's choices, one per chunk that carries one."""
+    model = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    choices = []
+    request = {"model": model, "stream": True, **body}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=request, timeout=300) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                choices.extend(json.loads(line[len("data: ") :])["choices"])
+    return choices
 
 
 def worker_prompt_logprobs(
@@ -108,6 +122,16 @@ def test_echo_with_logprobs_and_prompt_logprobs_are_the_workers(stack: tuple[str
         assert logprobs["token_logprobs"][position] == pytest.approx(shown, abs=1e-6)
         # The prompt token and the 2 best (the token itself may be one of them).
         assert 2 <= len(prompt_entries[position]) <= 3
+    # Streamed, as vLLM's: the first chunk echoes the prompt with its logprobs, then the rest.
+    streamed = stream_completion(
+        base_url, {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 2}
+    )
+    assert "".join(c["text"] for c in streamed) == choice["text"]
+    joined = {key: [v for c in streamed if c["logprobs"] for v in c["logprobs"][key]] for key in logprobs}
+    assert joined["tokens"] == logprobs["tokens"] and joined["text_offset"] == logprobs["text_offset"]
+    assert joined["token_logprobs"][0] is None
+    assert joined["token_logprobs"][1:] == pytest.approx(logprobs["token_logprobs"][1:], abs=1e-4)
+    assert len(streamed[0]["logprobs"]["tokens"]) > len(prompt)  # the prompt's, in the first chunk
     SEEN[mode] = [entry[str(prompt[i])]["logprob"] for i, entry in enumerate(prompt_entries) if entry]
     if len(SEEN) == 2:
         # float32: the prefill worker's numbers (1p1d) and the colocated worker's (pd) agree.

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from cleave.common.v1 import common_pb2
 from libs.gateway import errors
 from libs.gateway.openai_api import StreamOptions
 from libs.gateway.pipeline import Finished, MidStreamError, SequenceEvent
@@ -306,3 +307,26 @@ async def test_completion_stream_echo_and_prompt_ids_on_each_choices_first_chunk
     assert [c["text"] for c in choices] == ["P:Hello", "P:", " world", "é"]
     assert [c.get("prompt_token_ids") for c in choices] == [[1, 2], [1, 2], None, None]
     assert [c["token_ids"] for c in choices] == [[1], [2], [3], [5]]
+
+
+async def test_completion_stream_echo_with_logprobs_leads_with_the_prompts_and_offsets_run_on() -> None:
+    # vLLM's completion_stream_generator: the first chunk echoes the prompt with its logprobs
+    # (the first token has none) before the first generated token's; text offsets continue.
+    prompt_entries = [common_pb2.TokenLogprob(), token(2, -2.0, (4, -0.125), (2, -2.0))]
+    events: list[SequenceEvent | Finished] = [
+        SequenceEvent(0, " world", [3], [token(3, -0.5, (3, -0.5))], prompt_logprobs=prompt_entries),
+        SequenceEvent(0, "!", [4], [token(4, -0.25, (4, -0.25))], "stop"),
+        Finished(prompt_tokens=2, completion_tokens=2, cached_prompt_tokens=0),
+    ]
+    fmt = StreamFormat(chat=False, model="m", options=StreamOptions(), top_logprobs=1, echo_text="Hello,")
+    first, second = [c["choices"][0] for c in (await stream(ScriptedPipeline(events), fmt))[:-1]]
+    assert first["text"] == "Hello, world"
+    assert first["logprobs"] == {
+        "tokens": ["Hello", ",", " world"],
+        "token_logprobs": [None, -2.0, -0.5],
+        "top_logprobs": [None, {",": -2.0, "!": -0.125}, {" world": -0.5}],
+        "text_offset": [0, 5, 6],
+    }
+    assert second["logprobs"] == {
+        "tokens": ["!"], "token_logprobs": [-0.25], "top_logprobs": [{"!": -0.25}], "text_offset": [12]
+    }  # fmt: skip
