@@ -32,11 +32,12 @@ ALWAYS = "always"
 CONDITIONAL = "conditional"
 POLICIES = (ALWAYS, CONDITIONAL)
 
-# Defaults, from measurements on this repository's CPU machine (docs/benchmarks.md,
-# "Conditional disaggregation"): below ~256 uncached tokens the handoff path (second RPC,
-# prefill queue, NIXL pull) costs a request more time than computing the prompt on the decode
-# worker costs its running streams.
+# Measured (tools/bench:disagg_threshold, docs/benchmarks.md "Conditional disaggregation",
+# SmolLM2 on one CPU core per worker): up to 256 uncached tokens a local prefill stalled a
+# running stream no longer than taking a handed-off prompt in did (218 vs 236 ms at 256) and
+# saved the request ~0.5 s of TTFT; at 512 it stalled the stream ~100 ms longer.
 DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 256
+# Not measured (set by reasoning: about one engine batch queued, half a batch decoding).
 # A prefill worker with this many requests in flight or queued (the least loaded one) is
 # backed up: a long prompt is computed on the decode worker instead...
 DEFAULT_REMOTE_PREFILL_MAX_QUEUE = 4
