@@ -50,10 +50,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        emitted = False
+        emitted = completed = False
         try:
             async for response in self._service.generate(request):
                 emitted = True
+                if response.WhichOneof("kind") == "complete":
+                    # Counted before the yield: the gateway closes the call once it has the
+                    # completion, and a closed stream never resumes this generator.
+                    completed = True
+                    metrics.REQUESTS.labels("Generate", "ok").inc()
                 yield response
         except Exception as error:
             status = errors.classify(error, SERVICE).status
@@ -67,7 +72,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 error=errors.stream_error(error, service=SERVICE, method="Generate")
             )
             return
-        metrics.REQUESTS.labels("Generate", "ok").inc()
+        if not completed:
+            metrics.REQUESTS.labels("Generate", "ok").inc()
 
     async def Abort(
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext

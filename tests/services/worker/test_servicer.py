@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -132,6 +132,32 @@ async def test_a_failure_after_tokens_ends_the_stream_with_a_typed_error() -> No
     assert [r.WhichOneof("kind") for r in responses] == ["chunk", "chunk", "error"]
     assert responses[-1].error.code == common_pb2.ERROR_CODE_OVERLOADED
     assert responses[-1].error.message == "engine died"
+
+
+async def test_generate_counts_ok_when_the_caller_closes_the_stream_at_the_completion() -> None:
+    # The gateway stops reading at GenerateComplete (libs/gateway/pipeline.py) and the call is
+    # cancelled; when the cancellation reaches the server before the handler resumes, gRPC
+    # closes the handler's generator at that yield (aclose, as here). The request succeeded
+    # and must count: compose_live_checks reads this counter to see which worker served.
+    def ok() -> float:
+        labels = {"method": "Generate", "outcome": "ok"}
+        return REGISTRY.get_sample_value("cleave_worker_requests_total", labels) or 0.0
+
+    config = WorkerConfig(role=Role.BOTH, model="/nonexistent", served_model_name="fake")
+    servicer = WorkerServicer(WorkerService(config, FakeEngine()))
+    request = worker_pb2.GenerateRequest(
+        prompt_token_ids=[5, 6], sampling=common_pb2.SamplingParams(max_tokens=4)
+    )
+    before = ok()
+    stream = servicer.Generate(request, cast(grpc.aio.ServicerContext, None))
+    kinds = []
+    async for response in stream:
+        kinds.append(response.WhichOneof("kind"))
+        if kinds[-1] == "complete":
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert kinds[-1] == "complete"
+    assert ok() - before == 1
 
 
 async def test_get_stats_exports_spec_decode_to_prometheus() -> None:
