@@ -15,22 +15,16 @@ import hashlib
 import io
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
 from libs.encoder.errors import ImageError
+from libs.encoder.limits import ImageLimits
+
+__all__ = ["ImageLimits", "content_hash", "image_bytes", "open_image"]
 
 # Still-image formats every Hugging Face image processor takes through PIL.
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    max_bytes: int = 20 * 1024 * 1024
-    max_pixels: int = 40_000_000  # width x height, checked from the header
-    allow_http: bool = False
-    http_timeout_s: float = 10.0
 
 
 def content_hash(data: bytes) -> str:

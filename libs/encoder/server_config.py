@@ -1,4 +1,5 @@
-"""The encoder service's configuration (the only place its flags are declared)."""
+"""The encoder service's configuration (the only place its flags are declared; the local
+stack renders it back to argv)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from libs.config.codecs import PORT, POSITIVE_INT
 from libs.config.flags import flag, parse
 from libs.config.groups import GrpcSecurityFlags, LoggingFlags, ModelFlags, ServerFlags
-from libs.encoder.images import ImageLimits
+from libs.encoder.limits import ImageLimits
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,6 +46,16 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageUrl(_Strict):
+    url: str  # data:image/...;base64,... or (where the encoder fetches them) http(s)
+    detail: str | None = None  # OpenAI's; vLLM ignores it too
+
+
+class ImageUrlPart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class FunctionCallIn(_Strict):
     name: str
     arguments: str
@@ -61,7 +71,7 @@ class ChatMessageIn(_Strict):
     # Any role, and any other field, goes to the chat template as vLLM's chat utils pass them
     # (a custom role such as "tool_result" is the template's to render or refuse).
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImageUrlPart] | None = None
     name: str | None = None
     # An assistant message's calls and a `tool` message's answer, for the template.
     tool_calls: list[ToolCallIn] | None = None
@@ -70,14 +80,14 @@ class ChatMessageIn(_Strict):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, value: Any) -> Any:
-        # One clear refusal for image/audio/video parts instead of pydantic's three errors
-        # about the text part they fail to be: no encoder service serves them yet (issue 14).
+        # One clear refusal for audio/video parts instead of pydantic's errors about the
+        # text and image parts they fail to be. Image parts are checked where the gateway
+        # knows whether an encoder serves them (libs/gateway/images.py).
         for part in value if isinstance(value, list) else []:
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind is not None and kind != "text":
+            if kind is not None and kind not in ("text", "image_url"):
                 raise ValueError(
-                    f"content parts of type {kind!r} are not supported: this server serves text-only "
-                    "models (no vision encoder), so only 'text' parts are accepted"
+                    f"content parts of type {kind!r} are not supported; only 'text' and 'image_url' parts are"
                 )
         return value
 
@@ -86,7 +96,12 @@ class ChatMessageIn(_Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [part.image_url.url for part in self.content if isinstance(part, ImageUrlPart)]
 
 
 class StreamOptions(_Strict):

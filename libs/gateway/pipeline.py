@@ -68,6 +68,8 @@ class GenerationSpec:
     cache_salt: str = ""  # the client's; workers and the kvstore key cached KV by it
     prompt_tokens_details: bool = False  # usage reports cached prompt tokens (responses.usage)
     include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or token's text
+    # The encoder's embeddings, one per image placeholder of the prompt (libs/gateway/images.py).
+    image_embeddings: tuple[common_pb2.Tensor, ...] = ()
 
     def metadata(self) -> common_pb2.RequestMetadata:
         """What every worker call of this request carries."""
@@ -188,6 +190,13 @@ class Pipeline:
                 async for event in self._generate(spec, decode, None):
                     yield event
                 return
+            if spec.image_embeddings:
+                # Images: always the prefill worker (it has the embeddings; decode takes none).
+                # The kvstore keys KV by token ids alone, and every image's placeholders are
+                # the same ids, so it is neither asked nor skipped to.
+                async for event in self._prefill_then_generate(spec, decode):
+                    yield event
+                return
             matched = await self._kvstore_matched(spec)
             if matched > 0 and len(spec.prompt_token_ids) - matched <= self._skip_prefill_max_tail:
                 # The decode worker loads the stored prefix itself and computes the short tail.
@@ -200,17 +209,26 @@ class Pipeline:
                 async for event in self._generate(spec, decode, worker_pb2.KvHandoff()):
                     yield event
                 return
-            for _attempt in range(2):
-                handoff, prompt_logprobs = await self._prefill(spec)
-                try:
-                    async for event in self._generate(spec, decode, handoff, prompt_logprobs):
-                        yield event
-                    return
-                except HandoffRejected as error:
-                    # The decode refused the KV (lease expired, transfer failed) before emitting
-                    # anything: prefill again rather than fail the request.
-                    metrics.RETRIES.labels("handoff").inc()
-                    log.warning("decode rejected the KV handoff; prefilling again", reason=str(error))
+            async for event in self._prefill_then_generate(spec, decode):
+                yield event
+
+    async def _prefill_then_generate(
+        self, spec: GenerationSpec, decode: Endpoint
+    ) -> AsyncIterator[SequenceEvent | Finished]:
+        for _attempt in range(2):
+            handoff, prompt_logprobs, expanded = await self._prefill(spec)
+            # With images, decode's prompt is the one the prefill engine ran (placeholders
+            # expanded to one token per embedding): its KV positions.
+            decode_spec = replace(spec, prompt_token_ids=expanded) if expanded else spec
+            try:
+                async for event in self._generate(decode_spec, decode, handoff, prompt_logprobs):
+                    yield event
+                return
+            except HandoffRejected as error:
+                # The decode refused the KV (lease expired, transfer failed) before emitting
+                # anything: prefill again rather than fail the request.
+                metrics.RETRIES.labels("handoff").inc()
+                log.warning("decode rejected the KV handoff; prefilling again", reason=str(error))
         raise errors.ApiError(
             503, "KV handoff failed twice; the workers may be overloaded", type_="service_unavailable"
         )
@@ -246,12 +264,14 @@ class Pipeline:
 
     async def _prefill(
         self, spec: GenerationSpec
-    ) -> tuple[worker_pb2.KvHandoff, list[common_pb2.TokenLogprob] | None]:
-        """The handoff (empty when EOS came first) and the prompt's logprobs if asked for."""
+    ) -> tuple[worker_pb2.KvHandoff, list[common_pb2.TokenLogprob] | None, list[int]]:
+        """The handoff (empty when EOS came first), the prompt's logprobs if asked for, and
+        (prompts with images) the prompt as the engine expanded it."""
         request = worker_pb2.PrefillRequest(
             metadata=spec.metadata(),
             prompt_token_ids=spec.prompt_token_ids,
             sampling=spec.sampling,
+            image_embeddings=spec.image_embeddings,
         )
         tried: set[str] = set()
         for attempt in range(self._prefill_attempts):
@@ -282,10 +302,12 @@ class Pipeline:
             prompt_logprobs = (
                 list(response.prompt_logprobs) if spec.sampling.HasField("prompt_logprobs") else None
             )
+            expanded = list(response.prompt_token_ids)
             if not response.HasField("handoff"):
-                # EOS came first: vLLM kept no KV. Decode computes the prompt itself (counted).
-                return worker_pb2.KvHandoff(), prompt_logprobs
-            return response.handoff, prompt_logprobs
+                # EOS came first: vLLM kept no KV. Decode computes the prompt itself (counted),
+                # from the unexpanded prompt and the embeddings.
+                return worker_pb2.KvHandoff(), prompt_logprobs, []
+            return response.handoff, prompt_logprobs, expanded
         raise errors.no_workers("prefill")
 
     async def _generate(
@@ -305,6 +327,9 @@ class Pipeline:
             request.sampling.ClearField("prompt_logprobs")
         if handoff is not None and handoff.transport:
             request.handoff.CopyFrom(handoff)
+        elif spec.image_embeddings:
+            # Computing the prompt here: this worker needs the images too.
+            request.image_embeddings.extend(spec.image_embeddings)
         detokenizers = {
             i: self._detokenizer(
                 request_id=spec.request_id,

@@ -12,7 +12,7 @@ from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors
 from libs.gateway.extensions import apply_sampling_extensions, message_extra_json, set_render_options
-from libs.gateway.openai_api import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from libs.gateway.openai_api import ChatCompletionRequest, ChatMessageIn, CompletionRequest, TextPart, _SamplingFields
 from libs.gateway.structured import request_constraint
 from libs.gateway.tools import add_tool_fields, tools_json
 from libs.gateway.validation_errors import validation_failed
@@ -77,11 +77,22 @@ async def chat_render(
     set_render_options(request, body)
     for message in body.messages:
         role = "system" if message.role == "developer" else message.role
-        added = request.messages.add(role=role, content=[tokenizer_pb2.ContentPart(text=message.text())])
+        added = request.messages.add(role=role, content=_content_parts(message))
         add_tool_fields(added, message)
         added.extra_json = message_extra_json(message)
     request.tools_json = tools_json(body.tools)
     return await tokenizer.RenderChat(request)
+
+
+def _content_parts(message: ChatMessageIn) -> list[tokenizer_pb2.ContentPart]:
+    """One text part per message; a message with images keeps its parts in order, each image
+    an (empty) placeholder the template renders: the encoder has the image itself."""
+    if not message.image_urls() or not isinstance(message.content, list):
+        return [tokenizer_pb2.ContentPart(text=message.text())]
+    return [
+        tokenizer_pb2.ContentPart(text=part.text) if isinstance(part, TextPart) else tokenizer_pb2.ContentPart(image=b"")
+        for part in message.content
+    ]
 
 
 async def completion_prompts(

@@ -39,11 +39,15 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags, ToolParserFlags, ChatTe
     mode: Topology = flag(
         parse_mode("1p1d"),
         codec=MODE,
-        help="local stack topology: 'pd' (colocated) or 'XpYd', e.g. 1p1d, 2p1d",
+        help="local stack topology: 'pd' (colocated), 'XpYd' (e.g. 1p1d, 2p1d), or with vision "
+        "encoders 'XeYpd' (e.g. 1e1pd) or 'XeYpZd' (e.g. 1e1p1d, 2e1p1d)",
     )
     prefill: StackRole = group("prefill", factory=StackRole)
     # Colocated (pd) workers take the decode role's settings.
     decode: StackRole = group("decode", factory=StackRole)
+    # Vision encoders (modes XeYpd, XeYpZd): --encode-port, --encode-device-group,
+    # --encode-max-num-seqs as the other roles' (the engine-only role flags are not used).
+    encode: StackRole = group("encode", factory=StackRole)
     allow_device_overlap: bool = flag(False, help="let prefill and decode share devices")
     startup_timeout_s: float = flag(900.0, codec=FLOAT, help="local stack: seconds to wait for every service")
     # Fleet-wide prefix KV: a running kvstore's address for the local stack's workers, or

@@ -46,7 +46,7 @@ PROGRESS_EVERY_S = 5.0
 @dataclass
 class Service:
     name: str
-    role: str  # tokenizer, kvstore, prefill, decode, both
+    role: str  # tokenizer, kvstore, encode, prefill, decode, both
     running: RunningProcess
     port_file: Path
     host: str = "127.0.0.1"

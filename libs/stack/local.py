@@ -27,6 +27,7 @@ from libs.config.groups import (
     RoleFlags,
     ToolParserFlags,
 )
+from libs.encoder.server_config import EncoderConfig
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.models.resolve import resolve_model
@@ -45,6 +46,7 @@ class StackAddresses:
     workers: dict[str, list[str]]  # role (prefill, decode, both) -> addresses
     served_model: str
     kvstore: str | None
+    encoders: tuple[str, ...] = ()  # vision encoder services (modes XeYpd, XeYpZd)
 
 
 def split_cores(cores: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -139,6 +141,25 @@ def _start_kvstore(config: StackConfig, stack: LocalStack, security: GrpcSecurit
     return stack.start("kvstore", "kvstore", "services.kvstore.main", kvstore).wait_bound()
 
 
+def encoder_config(
+    config: StackConfig,
+    index: int,
+    security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
+) -> EncoderConfig:
+    """An encoder child's config: the stack's model, in the workers' dtype (the embeddings
+    are their language model's inputs; on CPU `auto` is bfloat16 there too)."""
+    options = config.encode
+    return compose(
+        EncoderConfig,
+        (config, ModelFlags),
+        (config, LoggingFlags),
+        (security, GrpcSecurityFlags),
+        dtype="bfloat16" if config.dtype == "auto" else config.dtype,
+        port=options.port + index if options.port else 0,
+        max_num_seqs=options.max_num_seqs,
+    )
+
+
 def tokenizer_config(
     config: StackConfig,
     security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
@@ -178,9 +199,15 @@ async def launch(
         ("prefill", Role.PREFILL, topology.prefill, config.prefill),
         ("decode", Role.DECODE, topology.decode, config.decode),
     ]
+    for i in range(topology.encode):
+        stack.start(f"encode-{i}", "encode", "services.encoder.main", encoder_config(config, i, security))
     for prefix, role, count, options in launches:
         for i in range(count):
             worker = worker_config(config, role, options, i, kvstore_address, security)
+            if topology.encode:
+                # Prompts with images come with the encoder's embeddings (decode takes them
+                # only when it computes a prompt itself: no handoff).
+                worker = replace(worker, enable_mm_embeds=True)
             stack.start(f"{prefix}-{i}", role.value, "services.worker.main", worker)
     print(
         f"cleave: starting a local {topology.name} stack with {served} (logs in {stack.log_dir})",
@@ -189,7 +216,8 @@ async def launch(
     )
     await stack.wait_ready(config.startup_timeout_s)
     workers = {role: stack.addresses(role) for role in ("prefill", "decode", "both")}
-    return StackAddresses(stack.addresses("tokenizer")[0], workers, served, kvstore_address)
+    encoders = tuple(stack.addresses("encode")) if topology.encode else ()
+    return StackAddresses(stack.addresses("tokenizer")[0], workers, served, kvstore_address, encoders)
 
 
 def write_stack_token(directory: Path) -> Path:

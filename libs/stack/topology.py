@@ -1,4 +1,6 @@
-"""`--mode` parsing: `pd` (colocated) or `XpYd` (X prefill, Y decode workers)."""
+"""`--mode` parsing: `pd` (colocated), `XpYd` (X prefill, Y decode workers), and with vision
+encoders (the reference's xEyPD / xEyPzD): `XeYpd` (X encoders, Y colocated workers) and
+`XeYpZd` (X encoders, Y prefill, Z decode workers)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from dataclasses import dataclass
 from libs.config.errors import ConfigError
 
 _DISAGGREGATED = re.compile(r"^(\d+)p(\d+)d$")
+_ENCODE_COLOCATED = re.compile(r"^(\d+)e(\d+)pd$")
+_ENCODE_DISAGGREGATED = re.compile(r"^(\d+)e(\d+)p(\d+)d$")
 
 
 @dataclass(frozen=True)
@@ -15,9 +19,13 @@ class Topology:
     prefill: int
     decode: int
     colocated: int
+    encode: int = 0  # vision encoder services
 
     @property
     def name(self) -> str:
+        if self.encode:
+            workers = f"{self.colocated}pd" if self.colocated else f"{self.prefill}p{self.decode}d"
+            return f"{self.encode}e{workers}"
         return "pd" if self.colocated else f"{self.prefill}p{self.decode}d"
 
 
@@ -27,4 +35,16 @@ def parse_mode(text: str) -> Topology:
     match = _DISAGGREGATED.match(text)
     if match and int(match.group(1)) >= 1 and int(match.group(2)) >= 1:
         return Topology(prefill=int(match.group(1)), decode=int(match.group(2)), colocated=0)
-    raise ConfigError("--mode", text, "'pd' (colocated) or 'XpYd' with X, Y >= 1, e.g. '1p1d' or '2p1d'")
+    match = _ENCODE_COLOCATED.match(text)
+    if match and int(match.group(1)) >= 1 and int(match.group(2)) >= 1:
+        return Topology(prefill=0, decode=0, colocated=int(match.group(2)), encode=int(match.group(1)))
+    match = _ENCODE_DISAGGREGATED.match(text)
+    if match and min(int(group) for group in match.groups()) >= 1:
+        encode, prefill, decode = (int(group) for group in match.groups())
+        return Topology(prefill=prefill, decode=decode, colocated=0, encode=encode)
+    raise ConfigError(
+        "--mode",
+        text,
+        "'pd' (colocated), 'XpYd' (e.g. '1p1d'), or with vision encoders 'XeYpd' (e.g. '1e1pd') "
+        "or 'XeYpZd' (e.g. '1e1p1d', '2e1p1d'), every count >= 1",
+    )

@@ -25,16 +25,18 @@ _RESERVED_KWARGS = frozenset(
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
-    content: str
+    # A string, or (a message with images) its parts: {"type": "text", "text": ...} and
+    # {"type": "image"}, which the template renders as the model's image placeholder.
+    content: str | list[dict[str, str]]
     # The message's other fields (vLLM gives a template every field of a message).
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-def validate_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+def validate_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Checks messages and converts them to the dicts apply_chat_template expects."""
     if not messages:
         raise ValueError("messages must contain at least one message")
-    converted: list[dict[str, str]] = []
+    converted: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         if not isinstance(message, ChatMessage):
             raise ValueError(f"messages[{index}] must be a ChatMessage, got {type(message).__name__}")
@@ -42,13 +44,19 @@ def validate_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
             raise ValueError(f"messages[{index}] has no role; common roles are {sorted(CHAT_ROLES)}")
         # Dataclasses do not enforce annotations at runtime, and request JSON
         # can carry lists (multimodal parts) or null here.
-        if not isinstance(message.content, str):
+        if not isinstance(message.content, str) and not _is_parts(message.content):
             raise ValueError(
                 f"messages[{index}] ({message.role}) content must be a string, "
                 f"got {type(message.content).__name__}"
             )
         converted.append({**message.extra, "role": message.role, "content": message.content})
     return converted
+
+
+def _is_parts(content: object) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") in ("text", "image") for part in content
+    )
 
 
 def render_chat(
@@ -87,6 +95,13 @@ def render_chat(
     except TemplateError as error:
         # Templates reject e.g. non-alternating roles via raise_exception().
         raise ValueError(f"chat template rejected the messages: {error}") from error
+    except TypeError as error:
+        # A text-only template concatenating a message's content fails on a list of parts.
+        if any(not isinstance(message["content"], str) for message in conversation):
+            raise ValueError(
+                f"the model's chat template cannot render image parts (a text-only model?): {error}"
+            ) from error
+        raise
     if not isinstance(rendered, str):
         raise TypeError(f"apply_chat_template returned {type(rendered).__name__}, not str")
     return rendered

@@ -20,7 +20,7 @@ from libs.observability.logging import configure_logging
 from libs.observability.metrics import start_metrics_server
 from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
-from services.encoder.config import EncoderConfig, parse_args
+from libs.encoder.server_config import EncoderConfig, parse_args
 from services.encoder.servicer import EncoderServicer, binding
 
 log = structlog.get_logger("cleave.encoder")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from libs.gateway.openai_api import (
     StreamOptions,
     TokenizeRequest,
 )
+from libs.gateway.images import encode_images
 from libs.gateway.pipeline import GenerationSpec, Pipeline
 from libs.gateway.pool import WorkerPool
 from libs.gateway.request_metrics import RequestCounter
@@ -61,11 +63,19 @@ class GatewayState:
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice (libs/gateway/tools.py)
     max_logprobs: int | None = None  # GatewayParts.max_logprobs (libs/gateway/logprob_limits.py)
     vocab_size: int | None = None  # GatewayParts.vocab_size: what a request's -1 logprobs ask for
+    # The vision encoder (modes xEyPD / xEyPzD); None: a text-only server, image parts are 400s.
+    encoder: Any = None  # an EncoderStub (or libs/gateway/images.py's round robin of them)
 
     def check_logprobs(self, body: ChatCompletionRequest | CompletionRequest) -> None:
         """The workers' --max-logprobs, before anything builds their contract."""
         vocab_size = self.vocab_size or INT32_MAX
         apply_max_logprobs(body, engine_max_logprobs(self.max_logprobs, vocab_size), vocab_size)
+
+
+async def _with_images(state: GatewayState, body: ChatCompletionRequest, spec: GenerationSpec) -> GenerationSpec:
+    """The spec with the encoder's embeddings of the conversation's images (if any)."""
+    embeddings = await encode_images(state.encoder, body, spec.request_id)
+    return dataclasses.replace(spec, image_embeddings=tuple(embeddings)) if embeddings else spec
 
 
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
@@ -146,6 +156,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         prompt = await tokenizer_call(chat_prompt(state.tokenizer, body))
         top = body.top_logprobs or 0
         spec = _spec(state, edge, body, prompt, body.requested_max_tokens(), top if body.logprobs else None)
+        spec = await _with_images(state, body, spec)
         await _bad_words(state, body, [spec])
         calling = tool_calling(body, state.tokenizer, auto_enabled=state.enable_auto_tool_choice)
         return await _stream(
@@ -160,6 +171,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         rendered = await tokenizer_call(chat_render(state.tokenizer, body))
         top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         spec = _spec(state, edge, body, list(rendered.token_ids), body.requested_max_tokens(), top_logprobs)
+        spec = await _with_images(state, body, spec)
         await _bad_words(state, body, [spec])
         generation = await responses.collect(state.pipeline.run, spec)
         return await responses.chat_completion(

@@ -48,6 +48,9 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     prefill_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running prefill workers")
     decode_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running decode workers")
     pd_workers: tuple[str, ...] = flag((), codec=ADDRESSES, help="addresses of running colocated workers")
+    encoders: tuple[str, ...] = flag(
+        (), codec=ADDRESSES, help="addresses of running vision encoders (image parts; none = text-only)"
+    )
     wait_for_workers_s: float = flag(
         300.0,
         codec=FLOAT,

@@ -20,11 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
+import uvloop
 
 from libs.config.errors import ConfigError
 from libs.gateway.assembly import assemble
 from libs.gateway.deadline import RequestDeadline
 from libs.gateway.edge import HttpEdge
+from libs.gateway.images import encoder_stub
 from libs.models.errors import ModelNotFoundError
 from libs.observability.logging import configure_logging
 from libs.rpc.ports import write_port_file
@@ -63,7 +65,11 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
                 "both": config.pd_workers,
             }
             addresses = local.StackAddresses(
-                config.tokenizer or "", {k: list(v) for k, v in workers.items()}, "", config.kvstore_address
+                config.tokenizer or "",
+                {k: list(v) for k, v in workers.items()},
+                "",
+                config.kvstore_address,
+                config.encoders,
             )
         parts = await assemble(
             cleanup,
@@ -95,6 +101,7 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             max_logprobs=parts.max_logprobs,
             vocab_size=parts.vocab_size,
             enable_auto_tool_choice=config.enable_auto_tool_choice,
+            encoder=encoder_stub(addresses.encoders, security),
         )
         app = create_app(state, edge)
         # Outermost: a request's deadline starts when it arrives (libs/gateway/deadline.py).
@@ -124,7 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # orphaned every worker and its vLLM engine.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        asyncio.run(serve(config, edge, security))
+        # uvloop, as vLLM's OpenAI server runs: its event loop costs less per SSE write and per
+        # gRPC message than asyncio's (docs/benchmarks.md, "Cleave's own CPU per generated token").
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(config, edge, security))
     except (ModelNotFoundError, LaunchError, TimeoutError, RuntimeError) as error:
         print(f"cleave gateway: {error}", file=sys.stderr)
         return 1

@@ -33,7 +33,6 @@ T = TypeVar("T")
 
 SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
 SERVICE = "tokenizer"
-IMAGE_NOT_SUPPORTED = "image input needs an encoder; not supported yet"
 # What a client sees for a bug on our side; the details go to the log, never to the client.
 INTERNAL_MESSAGE = errors.internal_message(SERVICE)
 
@@ -50,21 +49,27 @@ def chat_messages(messages: Sequence[tokenizer_pb2.ChatMessage]) -> list[ChatMes
     converted: list[ChatMessage] = []
     for index, message in enumerate(messages):
         texts: list[str] = []
+        parts: list[dict[str, str]] = []
         for part_index, part in enumerate(message.content):
             kind = part.WhichOneof("part")
             where = f"messages[{index}].content[{part_index}]"
-            if kind == "image":
-                raise InvalidRequest(f"{where}: {IMAGE_NOT_SUPPORTED}")
             if kind is None:
                 raise InvalidRequest(f"{where} is empty; set text")
-            texts.append(part.text)
+            if kind == "image":
+                parts.append({"type": "image"})
+            else:
+                texts.append(part.text)
+                parts.append({"type": "text", "text": part.text})
         # vLLM joins a message's text parts with newlines before templating; do the same so
-        # a prompt renders to the same ids on either stack. `name` is dropped: ChatML
-        # templates (SmolLM2's included) do not render it.
+        # a prompt renders to the same ids on either stack. A message with images goes to
+        # the template as its parts, in order (vLLM's "openai" content format: the template
+        # writes each image's placeholder, which the engine expands). `name` is dropped:
+        # ChatML templates (SmolLM2's included) do not render it.
+        content: str | list[dict[str, str]] = parts if len(parts) > len(texts) else "\n".join(texts)
         converted.append(
             ChatMessage(
                 role=message.role,
-                content="\n".join(texts),
+                content=content,
                 extra={
                     **_json_object(message.extra_json, where=f"messages[{index}]"),
                     **_tool_fields(message, index),
@@ -164,7 +169,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         # tokenizes with add_special_tokens=False too, so the engine sees the same ids.
         # `add_special_tokens` (vLLM's chat option, off by default) adds them anyway.
         token_ids = tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)
-        return tokenizer_pb2.RenderChatResponse(prompt=prompt, token_ids=token_ids, num_images=0)
+        num_images = sum(part.WhichOneof("part") == "image" for m in request.messages for part in m.content)
+        return tokenizer_pb2.RenderChatResponse(prompt=prompt, token_ids=token_ids, num_images=num_images)
 
     async def Tokenize(
         self, request: tokenizer_pb2.TokenizeRequest, context: grpc.aio.ServicerContext

@@ -125,13 +125,22 @@ def test_unknown_fields_are_accepted_as_by_vllm() -> None:
     assert body.model_extra == {"unknown_field": 1}
 
 
-def test_image_parts_get_one_clear_refusal() -> None:
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+def test_image_parts_are_parsed_in_order() -> None:
+    # Whether an encoder serves them is the gateway's check (libs/gateway/images.py).
+    first = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    second = {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB", "detail": "low"}}
+    body = chat(messages=[{"role": "user", "content": [first, {"type": "text", "text": "what is this?"}, second]}])
+    assert body.messages[0].image_urls() == ["data:image/png;base64,AAAA", "data:image/png;base64,BBBB"]
+    assert body.messages[0].text() == "what is this?"
+
+
+def test_audio_parts_get_one_clear_refusal() -> None:
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
     with pytest.raises(ValidationError) as raised:
-        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}])
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"}, audio]}])
     errors = raised.value.errors()
     assert len(errors) == 1 and errors[0]["loc"] == ("messages", 0, "content")
-    assert "'image_url' are not supported" in errors[0]["msg"] and "text-only" in errors[0]["msg"]
+    assert "'input_audio' are not supported" in errors[0]["msg"]
 
 
 @pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])

@@ -7,15 +7,25 @@ from libs.stack.topology import parse_mode
 
 
 @pytest.mark.parametrize(
-    ("text", "counts"), [("pd", (0, 0, 1)), ("1p1d", (1, 1, 0)), ("2p1d", (2, 1, 0)), ("3p2d", (3, 2, 0))]
+    ("text", "counts"),
+    [
+        ("pd", (0, 0, 1, 0)),
+        ("1p1d", (1, 1, 0, 0)),
+        ("2p1d", (2, 1, 0, 0)),
+        ("3p2d", (3, 2, 0, 0)),
+        ("1e1pd", (0, 0, 1, 1)),
+        ("1e1p1d", (1, 1, 0, 1)),
+        ("2e1p1d", (1, 1, 0, 2)),
+        ("1e2pd", (0, 0, 2, 1)),
+    ],
 )
-def test_modes(text: str, counts: tuple[int, int, int]) -> None:
+def test_modes(text: str, counts: tuple[int, int, int, int]) -> None:
     topology = parse_mode(text)
-    assert (topology.prefill, topology.decode, topology.colocated) == counts
+    assert (topology.prefill, topology.decode, topology.colocated, topology.encode) == counts
     assert topology.name == text
 
 
-@pytest.mark.parametrize("text", ["", "0p1d", "1p0d", "pdd", "1e1p1d"])
+@pytest.mark.parametrize("text", ["", "0p1d", "1p0d", "pdd", "0e1pd", "1e0p1d", "1epd", "e1p1d"])
 def test_bad_modes(text: str) -> None:
-    with pytest.raises(ConfigError, match=r"^--mode: got .*'pd' \(colocated\) or 'XpYd'"):
+    with pytest.raises(ConfigError, match=r"^--mode: got .*'pd' \(colocated\), 'XpYd'.*'XeYpd'.*'XeYpZd'"):
         parse_mode(text)

@@ -90,10 +90,17 @@ def test_custom_role_and_extra_fields_reach_the_template(smollm2: Tokenizer) -> 
     assert "<|im_start|>robot\nbeep<|im_end|>" in prompt
 
 
-@pytest.mark.parametrize("content", [None, ["hi"], [{"type": "text", "text": "hi"}], 3])
+@pytest.mark.parametrize("content", [None, ["hi"], [{"type": "audio"}], 3])
 def test_content_not_a_string(smollm2: Tokenizer, content: object) -> None:
     message = ChatMessage("user", content)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"messages\[0\] \(user\) content must be a string"):
+        smollm2.render_chat([message])
+
+
+def test_parts_on_a_text_only_template_are_a_clear_error(smollm2: Tokenizer) -> None:
+    # A message with images reaches the template as its parts; SmolLM2's cannot render them.
+    message = ChatMessage("user", [{"type": "image"}, {"type": "text", "text": "hi"}])
+    with pytest.raises(ValueError, match="cannot render image parts"):
         smollm2.render_chat([message])
 
 

@@ -1,0 +1,87 @@
+"""Image parts of chat messages -> the encoder service's embeddings (modes xEyPD, xEyPzD).
+
+The gateway does not decode images: it sends each `image_url` as the client wrote it to the
+encoder, which fetches (where allowed), checks, caches and encodes; its INVALID_ARGUMENT (a
+bad image, with what is wrong) is the client's 400 and never counts against a worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+
+from cleave.common.v1 import common_pb2
+from cleave.encoder.v1 import encoder_pb2, encoder_pb2_grpc
+from libs.gateway import deadline, errors
+from libs.gateway.metrics import STAGE_SECONDS
+from libs.gateway.openai_api import ChatCompletionRequest
+from libs.rpc.channel import open_channel
+from libs.rpc.security import RpcSecurity
+
+log = structlog.get_logger(__name__)
+
+TEXT_ONLY = (
+    "image content parts are not supported: this server serves a text-only model (no vision "
+    "encoder; start it in an xEyPD or xEyPzD mode with a vision-language model)"
+)
+
+
+class RoundRobinEncoders:
+    """Several encoders (mode 2e1p1d ...): each request's images go to the next one. Their
+    caches are separate; a repeated image hits the cache of the encoder that got it."""
+
+    def __init__(self, stubs: Sequence[encoder_pb2_grpc.EncoderStub]) -> None:
+        self._stubs = itertools.cycle(stubs)
+
+    def Encode(self, request: encoder_pb2.EncodeRequest, **kwargs: Any) -> Any:  # noqa: N802 (gRPC's name)
+        return next(self._stubs).Encode(request, **kwargs)
+
+
+def encoder_stub(addresses: Sequence[str], security: RpcSecurity | None = None) -> Any:
+    """What the gateway calls for images: None without encoders (a text-only server)."""
+    stubs = [encoder_pb2_grpc.EncoderStub(open_channel(address, security=security)) for address in addresses]
+    if not stubs:
+        return None
+    return stubs[0] if len(stubs) == 1 else RoundRobinEncoders(stubs)
+
+
+def image_urls(body: ChatCompletionRequest) -> list[str]:
+    """Every image of the conversation, in the order the template renders placeholders."""
+    return [url for message in body.messages for url in message.image_urls()]
+
+
+async def encode_images(
+    encoder: Any, body: ChatCompletionRequest, request_id: str
+) -> list[common_pb2.Tensor]:
+    """The embeddings of the request's images (none without image parts)."""
+    urls = image_urls(body)
+    if not urls:
+        return []
+    if encoder is None:
+        raise errors.invalid(TEXT_ONLY, "messages")
+    request = encoder_pb2.EncodeRequest(
+        metadata=common_pb2.RequestMetadata(request_id=request_id, model=body.model),
+        images=[encoder_pb2.Image(url=url) for url in urls],
+    )
+    current = deadline.current()
+    started = time.perf_counter()
+    try:
+        response = await encoder.Encode(request, timeout=current.grpc_timeout() if current else None)
+    except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            raise errors.invalid(error.details() or "invalid image", "messages") from error
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and current is not None and current.expired():
+            raise current.exceeded() from error
+        raise errors.ApiError(
+            503, f"encoder unavailable: {error.code().name}", type_="service_unavailable"
+        ) from error
+    STAGE_SECONDS.labels("encode").observe(time.perf_counter() - started)
+    cached = sum(embedding.cached for embedding in response.embeddings)
+    log.debug("images encoded", images=len(urls), cached=cached)
+    return [embedding.embeddings for embedding in response.embeddings]

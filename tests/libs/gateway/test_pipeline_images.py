@@ -1,0 +1,98 @@
+"""Prompts with images through the pipeline over fake workers: prefill gets the encoder's
+embeddings, decode gets the prompt as prefill expanded it and no embeddings; a colocated
+worker gets the embeddings; the kvstore is not consulted (its keys are token ids alone)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+import grpc.aio
+import pytest
+
+from cleave.common.v1 import common_pb2
+from cleave.worker.v1 import worker_pb2
+from libs.gateway.pipeline import GenerationSpec
+from libs.tokenization import Tokenizer
+from tests.libs.gateway.test_pipeline import ANSWER, FakeWorker, Stack, run, spec
+from tests.libs.gateway.test_pipeline import stack as stack  # noqa: F401 (the fixture)
+from tests.libs.gateway.test_pipeline import tokenizer as tokenizer  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.anyio
+EXPANSION = 3  # fake engine: each prompt token 7 (the placeholder) becomes 3 tokens
+
+
+class ImageWorker(FakeWorker):
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__(tokens)
+        self.prefill_images: list[int] = []
+        self.generate_images: list[int] = []
+        self.generate_prompts: list[list[int]] = []
+
+    async def Prefill(
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
+        response = await super().Prefill(request, context)
+        self.prefill_images.append(len(request.image_embeddings))
+        if request.image_embeddings:
+            response.prompt_token_ids.extend(expand(request.prompt_token_ids))
+        return response
+
+    async def Generate(
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        self.generate_images.append(len(request.image_embeddings))
+        self.generate_prompts.append(list(request.prompt_token_ids))
+        async for response in super().Generate(request, context):
+            yield response
+
+
+def expand(prompt: Sequence[int]) -> list[int]:
+    return [t for token in prompt for t in ([token] * EXPANSION if token == 7 else [token])]
+
+
+def image_spec(tokenizer: Tokenizer) -> GenerationSpec:  # noqa: F811 (the fixture's name)
+    embedding = common_pb2.Tensor(dtype=common_pb2.DTYPE_FLOAT32, shape=[3, 1], data=b"\0" * 12)
+    base = spec(tokenizer)
+    return replace(base, prompt_token_ids=[*base.prompt_token_ids, 7], image_embeddings=(embedding, embedding))
+
+
+class CountingLookup:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def matched_tokens(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> int:
+        self.calls += 1
+        return len(token_ids)  # "holds everything": would skip prefill for a text prompt
+
+
+async def test_pd_prefill_gets_embeddings_decode_the_expanded_prompt(
+    stack: Stack,  # noqa: F811
+    tokenizer: Tokenizer,  # noqa: F811
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = ImageWorker(tokens), ImageWorker(tokens)
+    lookup = CountingLookup()
+    pipeline, pool = await stack.pipeline({"prefill": [prefill], "decode": [decode]}, prefix_lookup=lookup)
+    request = image_spec(tokenizer)
+    text, _events, finished = await run(pipeline, request)
+    await pool.close()
+    assert text == ANSWER and finished is not None
+    assert prefill.prefill_images == [2]
+    assert decode.generate_images == [0] and decode.generate_had_handoff == [True]
+    assert decode.generate_prompts == [expand(request.prompt_token_ids)]
+    assert lookup.calls == 0
+
+
+async def test_colocated_worker_gets_the_embeddings(
+    stack: Stack,  # noqa: F811
+    tokenizer: Tokenizer,  # noqa: F811
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    worker = ImageWorker(tokens)
+    pipeline, pool = await stack.pipeline({"both": [worker]})
+    request = image_spec(tokenizer)
+    text, _events, _finished = await run(pipeline, request)
+    await pool.close()
+    assert text == ANSWER
+    assert worker.generate_images == [2] and worker.generate_prompts == [request.prompt_token_ids]
