@@ -3,8 +3,8 @@
 vLLM's tests name Hugging Face models (OPT, Qwen, zephyr) that this machine does not have
 and cannot download; the server they talk to serves the runner's model under those names, so
 the tokenizers and model configs the tests build for their own checks are the runner's model's
-too. Fixtures from vLLM's conftests that only prepare LoRA adapters are stand-ins (the LoRA
-tests are left out by main.py).
+too. Fixtures that only fetch LoRA adapters get a path instead (the LoRA tests are left out
+by main.py, and the server ignores --lora-modules).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import huggingface_hub
 import pytest
 import vllm.config
 import vllm.tokenizers
@@ -31,10 +32,17 @@ def _runner_model_config(*args: Any, **kwargs: Any) -> Any:
     return _ModelConfig(**kwargs)
 
 
+def _no_download(repo_id: str, *args: Any, **kwargs: Any) -> str:
+    # Test modules' own fixtures download LoRA adapters (test_chat's zephyr one); the server
+    # ignores --lora-modules and the LoRA tests are left out, so a path is all they need.
+    return f"/nonexistent/{repo_id}"
+
+
 # Before any test module imports them by name; never undone (the run's own process).
 _patches = pytest.MonkeyPatch()
 _patches.setattr(vllm.tokenizers, "get_tokenizer", _runner_tokenizer)
 _patches.setattr(vllm.config, "ModelConfig", _runner_model_config)
+_patches.setattr(huggingface_hub, "snapshot_download", _no_download)
 
 
 @pytest.fixture(scope="session")
