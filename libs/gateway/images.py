@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import structlog
+from prometheus_client import Counter
 
 from cleave.common.v1 import common_pb2
 from cleave.encoder.v1 import encoder_pb2, encoder_pb2_grpc
@@ -25,6 +26,12 @@ from libs.rpc.channel import open_channel
 from libs.rpc.security import RpcSecurity
 
 log = structlog.get_logger(__name__)
+
+IMAGES = Counter(
+    "cleave_gateway_images_total",
+    "Images of chat requests by the encoder's answer: cached (its embedding cache) or encoded",
+    ["source"],
+)
 
 TEXT_ONLY = (
     "image content parts are not supported: this server serves a text-only model (no vision "
@@ -83,5 +90,7 @@ async def encode_images(
         ) from error
     STAGE_SECONDS.labels("encode").observe(time.perf_counter() - started)
     cached = sum(embedding.cached for embedding in response.embeddings)
+    IMAGES.labels("cached").inc(cached)
+    IMAGES.labels("encoded").inc(len(response.embeddings) - cached)
     log.debug("images encoded", images=len(urls), cached=cached)
     return [embedding.embeddings for embedding in response.embeddings]

@@ -1,0 +1,185 @@
+"""Modes 1e1p1d and 1e1pd end to end with a tiny random vision-language model (Idefics3,
+generated at test time, float32): greedy output of image+text chats through the encoder
+service equals vLLM's in-engine path (the engine runs the vision tower on the images
+itself); a repeated image comes from the encoder's cache; bad images are 400s that say what
+is wrong, and the encoder keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from libs.config.flags import parse
+from libs.models.tiny_vlm import make_tiny_vlm
+from services.gateway.config import GatewayConfig
+from tests.e2e.harness import Service, child_env, log_dir, start
+from tests.e2e.stack import stop_gateway_stack
+from tests.fixtures.smollm2 import save_smollm2_tokenizer
+
+MAX_TOKENS = 12
+
+
+def image(width: int, height: int, seed: int, fmt: str = "PNG") -> bytes:
+    noise = random.Random(seed).randbytes(width * height * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (width, height), noise).save(out, format=fmt)
+    return out.getvalue()
+
+
+def url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def part(data: bytes, mime: str = "image/png") -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url(data, mime)}}
+
+
+def text(words: str) -> dict[str, Any]:
+    return {"type": "text", "text": words}
+
+
+A, B, C = image(64, 64, 1), image(300, 200, 2), image(128, 512, 3)
+D, E = image(640, 480, 4, "JPEG"), image(33, 77, 5)
+# (messages, images in order): several sizes, two images in one message, an image in an
+# earlier turn, a repeated image (A).
+CASES: list[tuple[list[dict[str, Any]], list[bytes]]] = [
+    ([{"role": "user", "content": [part(A), text("What is in this image?")]}], [A]),
+    ([{"role": "user", "content": [text("Describe"), part(B)]}], [B]),
+    ([{"role": "user", "content": [part(C), text("Tall picture.")]}], [C]),
+    ([{"role": "user", "content": [part(D, "image/jpeg"), text("A photo.")]}], [D]),
+    ([{"role": "user", "content": [part(E), text("Tiny.")]}], [E]),
+    ([{"role": "user", "content": [part(A), part(B), text("Compare the two.")]}], [A, B]),
+    ([{"role": "user", "content": [text("First"), part(C), text("then"), part(E)]}], [C, E]),
+    (
+        [
+            {"role": "user", "content": [part(B), text("What is this?")]},
+            {"role": "assistant", "content": "Noise."},
+            {"role": "user", "content": "Are you sure?"},
+        ],
+        [B],
+    ),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": [part(D, "image/jpeg")]}], [D]),
+    ([{"role": "user", "content": [part(A), text("Once more, this image.")]}], [A]),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tokenizer = save_smollm2_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"), tokenizer)
+
+
+def start_stack(mode: str, model_dir: Path, cache_dir: Path) -> tuple[Service, str]:
+    flags = ["--mode", mode, "--port", "0", "--model", str(model_dir), "--dtype", "float32",
+             "--max-model-len", "2048", "--cache-dir", str(cache_dir)]  # fmt: skip
+    service = start(f"gateway-{mode}", "services.gateway.main", parse(GatewayConfig, flags))
+    return service, service.wait_http_ready(900)
+
+
+def chat(gateway: str, messages: list[dict[str, Any]]) -> httpx.Response:
+    body = {"model": "m", "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "return_token_ids": True}  # fmt: skip
+    return httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=300)
+
+
+def served_model(gateway: str) -> str:
+    return str(httpx.get(f"{gateway}/v1/models").json()["data"][0]["id"])
+
+
+def metric(gateway: str, name: str, label: str) -> float:
+    text_ = httpx.get(f"{gateway}/metrics").text
+    found = re.search(rf'^{name}{{source="{label}"}} ([0-9.e+]+)$', text_, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.fixture(scope="module")
+def stacks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    started: list[Service] = []
+    urls: dict[str, str] = {}
+    try:
+        for mode in ("1e1p1d", "1e1pd"):
+            service, base = start_stack(mode, model_dir, tmp_path_factory.mktemp(mode))
+            started.append(service)
+            urls[mode] = base
+        yield urls
+    finally:
+        for service in started:
+            stop_gateway_stack(service)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path, stacks: dict[str, str]) -> list[list[int]]:
+    """vLLM's in-engine path on the prompts as the gateway's tokenizer renders them."""
+    gateway = stacks["1e1pd"]
+    model = served_model(gateway)
+    cases = []
+    for messages, images in CASES:
+        tokenized = httpx.post(f"{gateway}/tokenize", json={"model": model, "messages": messages}).json()
+        cases.append({"prompt_token_ids": tokenized["tokens"], "images": [base64.b64encode(i).decode() for i in images]})
+    folder = log_dir()
+    (folder / "vlm_cases.json").write_text(json.dumps(cases))
+    with (folder / "reference_vlm.log").open("wb") as log:
+        process = subprocess.run(
+            [sys.executable, "-m", "tests.e2e.reference_vlm", str(model_dir), str(folder / "vlm_cases.json"),
+             str(folder / "vlm_reference.json"), str(MAX_TOKENS)],
+            stdout=log, stderr=subprocess.STDOUT, env=child_env(), timeout=900, check=False,
+        )  # fmt: skip
+    assert process.returncode == 0, (folder / "reference_vlm.log").read_text()[-3000:]
+    return list(json.loads((folder / "vlm_reference.json").read_text()))
+
+
+@pytest.mark.parametrize("mode", ["1e1p1d", "1e1pd"])
+def test_greedy_output_equals_vllm_in_engine_vision(
+    mode: str, stacks: dict[str, str], reference: list[list[int]]
+) -> None:
+    gateway = stacks[mode]
+    model = served_model(gateway)
+    for (messages, _images), expected in zip(CASES, reference, strict=True):
+        response = chat(gateway, messages)
+        assert response.status_code == 200, response.text
+        got = response.json()["choices"][0]["token_ids"]
+        assert got == expected, f"{mode}: {messages[-1]}"
+    # Every case after the first repeats an image (A, B, C, D, E appear again): cache hits.
+    cached = metric(gateway, "cleave_gateway_images_total", "cached")
+    encoded = metric(gateway, "cleave_gateway_images_total", "encoded")
+    print(f"{mode}: {len(CASES)} prompts identical to vLLM's in-engine path; images encoded {encoded:.0f}, "
+          f"from the encoder cache {cached:.0f}; model {model}")  # fmt: skip
+    assert (encoded, cached) == (5, 7)
+
+
+BAD = [
+    (url(image(64, 64, 7)[:2000]), "corrupt or truncated"),
+    (url(b"just some text, not an image", "text/plain"), "not an image"),
+    (url(image(8, 8, 9, "TIFF"), "image/tiff"), "unsupported image format TIFF"),
+    ("http://127.0.0.1:9/cat.png", "disabled on this server"),
+    ("data:image/png;base64,%%%", "base64 data is invalid"),
+]
+
+
+def test_bad_images_are_400s_and_the_encoder_keeps_serving(stacks: dict[str, str]) -> None:
+    gateway = stacks["1e1p1d"]
+    huge = Image.new("1", (20_000, 20_000))
+    out = io.BytesIO()
+    huge.save(out, format="PNG")  # a few kB on the wire, 1.2 GB as RGB
+    cases = [*BAD, (url(out.getvalue()), "more than this server's limit")]
+    for bad, needle in cases:
+        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": bad}}, text("hi")]}]
+        response = chat(gateway, messages)
+        assert response.status_code == 400, response.text
+        message = response.json()["error"]["message"]
+        assert needle in message, message
+        print(f"400: {message}")
+    good = chat(gateway, CASES[0][0])
+    assert good.status_code == 200, good.text
