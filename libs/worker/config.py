@@ -89,6 +89,11 @@ class WorkerConfig(
     # vLLM's flag: prompts may carry precomputed image embeddings (the encoder service's,
     # modes xEyPD / xEyPzD) instead of pixels; this worker then never runs the vision tower.
     enable_mm_embeds: bool = flag(False, help="take image embeddings from the encoder service (vLLM's flag)")
+    openmp_library: str = flag(
+        "auto",
+        help="CPU, speculating workers: Intel OpenMP (libiomp5.so) preloaded into the engine; "
+        "'auto' = the one Cleave ships, 'none' = vLLM's default (libgomp)",
+    )
     # Not flags: fixed for every Cleave worker.
     enforce_eager: bool = True
     seed: int = 0

@@ -178,9 +178,12 @@ def draft_cpu_cores(config: WorkerConfig) -> tuple[int, ...]:
     return spec.draft_device_group
 
 
-def engine_environment(config: WorkerConfig, usable_cores: Collection[int]) -> dict[str, str]:
+def engine_environment(
+    config: WorkerConfig, usable_cores: Collection[int], inherited_preload: str = ""
+) -> dict[str, str]:
     """Environment variables vLLM must see before the engine starts; `usable_cores`: the cores
-    this process may run on."""
+    this process may run on; `inherited_preload`: this process's LD_PRELOAD, kept after
+    Cleave's."""
     env = {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": config.kv_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(config.kv_port),
@@ -190,6 +193,16 @@ def engine_environment(config: WorkerConfig, usable_cores: Collection[int]) -> d
     }
     if config.verbose >= 2:
         env["VLLM_LOGGING_LEVEL"] = "DEBUG"
+    if (
+        config.device is Device.CPU
+        and config.speculative is not None
+        and config.openmp_library not in ("auto", "none")
+    ):
+        # vLLM: "Speculative decoding on CPU without Intel OpenMP in LD_PRELOAD will cause
+        # significant performance loss" (docs/benchmarks.md, "Speculative decoding"). vLLM
+        # spawns its engine processes, so LD_PRELOAD set here reaches them; seeing libiomp it
+        # adds no libgomp of its own and sets Intel OpenMP's affinity (KMP_AFFINITY).
+        env["LD_PRELOAD"] = ":".join(p for p in (config.openmp_library, inherited_preload) if p)
     if config.device is Device.CPU:
         # Always set, so that a VLLM_CPU_OMP_THREADS_BIND this process inherited never decides.
         if config.cpu_binding is CpuBinding.CORES:

@@ -61,12 +61,32 @@ def resolved(config: WorkerConfig) -> WorkerConfig:
         speculative = speculative.with_draft_model(str(draft.path))
     return replace(
         config,
+        openmp_library=shipped_openmp_library(config),
         model=str(model.path),
         served_model_name=config.served_model_name or model.served_name,
         max_model_len=fitted_max_model_len(config.max_model_len, model.path),
         kv_port=kv_port,
         speculative_config=speculative.to_json() if speculative is not None else None,
     )
+
+
+def shipped_openmp_library(config: WorkerConfig) -> str:
+    """`--openmp-library auto` as a path: the libiomp5.so of the locked intel-openmp wheel,
+    which Bazel puts in this binary's runfiles (@intel_openmp, see WORKSPACE); 'none' when the
+    worker does not speculate on CPU or the file is missing (an install without it)."""
+    if config.openmp_library != "auto":
+        return config.openmp_library
+    if config.device is not Device.CPU or config.speculative is None:
+        return "none"
+    runfiles = Path(__file__).parents[3]  # <runfiles>/cleave/services/worker/main.py
+    for candidate in (runfiles / "intel_openmp", runfiles / "cleave" / "external" / "intel_openmp"):
+        if (candidate / "libiomp5.so").is_file():
+            return str(candidate / "libiomp5.so")
+    log.warning(
+        "speculative decoding without Intel OpenMP: libiomp5.so is not in this install "
+        "(vLLM says CPU speculation is then much slower); give it with --openmp-library"
+    )
+    return "none"
 
 
 def fitted_max_model_len(asked: int | None, model_path: Path) -> int | None:
@@ -153,7 +173,12 @@ async def serve(
 async def run(config: WorkerConfig, security: RpcSecurity) -> int:
     # vLLM reads these from the environment; set them before it is imported. With no device
     # group, the engine's threads take every core this process may use.
-    os.environ.update(engine_environment(config, os.sched_getaffinity(0)))
+    environment = engine_environment(config, os.sched_getaffinity(0), os.environ.get("LD_PRELOAD", ""))
+    if "LD_PRELOAD" in environment:
+        log.info(
+            "speculative decoding on CPU: the engine preloads Intel OpenMP", library=config.openmp_library
+        )
+    os.environ.update(environment)
     from libs.worker.vllm_engine import VllmEngine
 
     deferred = DeferredServicer(WorkerServicer)

@@ -245,3 +245,19 @@ def test_a_speculating_cpu_workers_threads_also_take_the_drafts_device_group() -
         speculative_config='{"method": "ngram", "num_speculative_tokens": 5}',
     )
     assert cpu_cores(ngram, usable_cores={0, 1, 2}) == (2,)
+
+
+def test_a_speculating_cpu_engine_preloads_intel_openmp_before_what_it_inherited() -> None:
+    ngram = '{"method": "ngram", "num_speculative_tokens": 5}'
+    decode = config(role=Role.DECODE, speculative_config=ngram, openmp_library="/rf/intel_openmp/libiomp5.so")
+    assert engine_environment(decode, {0, 1})["LD_PRELOAD"] == "/rf/intel_openmp/libiomp5.so"
+    assert (
+        engine_environment(decode, {0, 1}, "/x/libfoo.so")["LD_PRELOAD"]
+        == "/rf/intel_openmp/libiomp5.so:/x/libfoo.so"
+    )
+    # Not resolved to a file ('none', or 'auto' before the entry point resolves it), no
+    # speculation, or not a CPU: vLLM's default stands.
+    assert "LD_PRELOAD" not in engine_environment(replace(decode, openmp_library="none"), {0, 1})
+    assert "LD_PRELOAD" not in engine_environment(replace(decode, openmp_library="auto"), {0, 1})
+    assert "LD_PRELOAD" not in engine_environment(replace(decode, speculative_config=None), {0, 1})
+    assert "LD_PRELOAD" not in engine_environment(replace(decode, device=Device.CUDA), {0, 1})

@@ -19,7 +19,13 @@ from structlog.testing import capture_logs
 from libs.config.errors import ConfigError
 from libs.rpc.server import GrpcServer, ServerConfig
 from libs.worker.config import Role, WorkerConfig
-from services.worker.main import EXIT_ENGINE_DIED, fitted_max_model_len, pin_to_cores, serve
+from services.worker.main import (
+    EXIT_ENGINE_DIED,
+    fitted_max_model_len,
+    pin_to_cores,
+    serve,
+    shipped_openmp_library,
+)
 
 
 def worker(**overrides: object) -> WorkerConfig:
@@ -122,3 +128,16 @@ async def health(address: str) -> int:
     async with grpc.aio.insecure_channel(address) as channel:
         response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         return int(response.status)
+
+
+def test_auto_openmp_is_the_shipped_libiomp5_for_a_speculating_cpu_worker_only() -> None:
+    ngram = '{"method": "ngram", "num_speculative_tokens": 5}'
+    library = shipped_openmp_library(worker(role=Role.DECODE, speculative_config=ngram))
+    # This test's runfiles carry @intel_openmp through services/worker:lib's data.
+    assert library.endswith("/libiomp5.so")
+    assert Path(library).is_file()
+    assert shipped_openmp_library(worker(role=Role.DECODE)) == "none"
+    assert (
+        shipped_openmp_library(worker(role=Role.DECODE, speculative_config=ngram, openmp_library="/x.so"))
+        == "/x.so"
+    )
