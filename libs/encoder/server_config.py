@@ -21,8 +21,12 @@ class EncoderConfig(ServerFlags, LoggingFlags, ModelFlags, GrpcSecurityFlags):
     allow_image_urls: bool = flag(False, help="fetch http(s) image URLs (off: data: URLs only)")
     image_fetch_timeout_s: float = flag(10.0, help="time limit of one image fetch")
     max_image_bytes: int = flag(20 * 1024 * 1024, codec=POSITIVE_INT, help="largest image file accepted")
-    max_image_pixels: int = flag(40_000_000, codec=POSITIVE_INT, help="largest image accepted, width x height")
-    max_num_seqs: int = flag(16, codec=POSITIVE_INT, help="images encoded per batch (reported to the gateway)")
+    max_image_pixels: int = flag(
+        40_000_000, codec=POSITIVE_INT, help="largest image accepted, width x height"
+    )
+    max_num_seqs: int = flag(
+        16, codec=POSITIVE_INT, help="images encoded per batch (reported to the gateway)"
+    )
     metrics_port: int | None = flag(None, codec=PORT, help="Prometheus /metrics port (unset = off)")
 
     @property

@@ -27,12 +27,16 @@ def from_proto(message: common_pb2.Tensor) -> torch.Tensor:
     """Raises ValueError for a tensor whose dtype, shape and bytes do not agree."""
     dtype = _DTYPES.get(message.dtype)
     if dtype is None:
-        raise ValueError(f"image embeddings of dtype {common_pb2.DType.Name(message.dtype)} are not supported")
+        raise ValueError(
+            f"image embeddings of dtype {common_pb2.DType.Name(message.dtype)} are not supported"
+        )
     shape = [int(d) for d in message.shape]
     if len(shape) != 2 or min(shape) <= 0:
         raise ValueError(f"image embeddings must be [num_tokens, hidden_size], got shape {shape}")
     width = torch.empty((), dtype=dtype).element_size()
     if len(message.data) != shape[0] * shape[1] * width:
-        raise ValueError(f"image embeddings of shape {shape} need {shape[0] * shape[1] * width} bytes, got {len(message.data)}")
+        raise ValueError(
+            f"image embeddings of shape {shape} need {shape[0] * shape[1] * width} bytes, got {len(message.data)}"
+        )
     flat = torch.frombuffer(bytearray(message.data), dtype=_VIEWS[dtype]).view(dtype)
     return flat.reshape(shape)

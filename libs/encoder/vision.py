@@ -16,7 +16,6 @@ gRPC instead, and vLLM's precomputed-embedding input is the seam on the worker s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ class VisionTower:
         # older releases a tensor or a tuple of per-image tensors.
         if hasattr(features, "pooler_output") and features.pooler_output is not None:
             features = features.pooler_output
-        if isinstance(features, Sequence) and not isinstance(features, torch.Tensor):
+        if isinstance(features, (list, tuple)):
             features = torch.cat([f.reshape(-1, f.shape[-1]) for f in features])
         return features.reshape(-1, features.shape[-1]).contiguous()
 

@@ -46,7 +46,7 @@ class RoundRobinEncoders:
     def __init__(self, stubs: Sequence[encoder_pb2_grpc.EncoderStub]) -> None:
         self._stubs = itertools.cycle(stubs)
 
-    def Encode(self, request: encoder_pb2.EncodeRequest, **kwargs: Any) -> Any:  # noqa: N802 (gRPC's name)
+    def Encode(self, request: encoder_pb2.EncodeRequest, **kwargs: Any) -> Any:
         return next(self._stubs).Encode(request, **kwargs)
 
 

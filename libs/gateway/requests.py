@@ -12,7 +12,13 @@ from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.gateway import errors
 from libs.gateway.extensions import apply_sampling_extensions, message_extra_json, set_render_options
-from libs.gateway.openai_api import ChatCompletionRequest, ChatMessageIn, CompletionRequest, TextPart, _SamplingFields
+from libs.gateway.openai_api import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    CompletionRequest,
+    TextPart,
+    _SamplingFields,
+)
 from libs.gateway.structured import request_constraint
 from libs.gateway.tools import add_tool_fields, tools_json
 from libs.gateway.validation_errors import validation_failed
@@ -90,7 +96,9 @@ def _content_parts(message: ChatMessageIn) -> list[tokenizer_pb2.ContentPart]:
     if not message.image_urls() or not isinstance(message.content, list):
         return [tokenizer_pb2.ContentPart(text=message.text())]
     return [
-        tokenizer_pb2.ContentPart(text=part.text) if isinstance(part, TextPart) else tokenizer_pb2.ContentPart(image=b"")
+        tokenizer_pb2.ContentPart(text=part.text)
+        if isinstance(part, TextPart)
+        else tokenizer_pb2.ContentPart(image=b"")
         for part in message.content
     ]
 

@@ -60,6 +60,8 @@ def make_tiny_vlm(dest: Path, tokenizer_from: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_from, local_files_only=True)
     tokenizer.add_special_tokens({"additional_special_tokens": list(IMAGE_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE
+    image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    assert isinstance(image_token_id, int)
     config = Idefics3Config(
         vision_config={
             "hidden_size": 64,
@@ -86,12 +88,12 @@ def make_tiny_vlm(dest: Path, tokenizer_from: Path) -> Path:
         },
         scale_factor=SCALE_FACTOR,
         pad_token_id=tokenizer.pad_token_id,
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        image_token_id=image_token_id,
         tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_VLM_SEED)
-        model = Idefics3ForConditionalGeneration(config).to(torch.float32)
+        model = Idefics3ForConditionalGeneration(config)  # float32, transformers' default
     model.save_pretrained(dest)
     image_processor = Idefics3ImageProcessorPil(
         do_image_splitting=False,

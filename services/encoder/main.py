@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import structlog
 
 from libs.encoder.encoder import ImageEncoder
+from libs.encoder.server_config import EncoderConfig, parse_args
 from libs.encoder.vision import VisionTower
 from libs.models.errors import ModelConversionError
 from libs.models.resolve import resolve_model
@@ -20,7 +21,6 @@ from libs.observability.logging import configure_logging
 from libs.observability.metrics import start_metrics_server
 from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, serve_until_signal
-from libs.encoder.server_config import EncoderConfig, parse_args
 from services.encoder.servicer import EncoderServicer, binding
 
 log = structlog.get_logger("cleave.encoder")
@@ -33,7 +33,9 @@ def load_servicer(config: EncoderConfig) -> EncoderServicer:
     )
     tower = VisionTower.load(resolved.path, config.dtype)
     encoder = ImageEncoder(tower, config.limits, cache_bytes=config.encoder_cache_mb * 1024 * 1024)
-    log.info("vision tower loaded", model=str(resolved.path), hidden_size=tower.hidden_size, dtype=str(tower.dtype))
+    log.info(
+        "vision tower loaded", model=str(resolved.path), hidden_size=tower.hidden_size, dtype=str(tower.dtype)
+    )
     return EncoderServicer(encoder, model=config.served_model_name or resolved.served_name)
 
 

@@ -21,6 +21,7 @@ from libs.gateway import batch_chat, errors, responses, tokenize_api
 from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
 from libs.gateway.edge import HttpEdge
 from libs.gateway.extensions import bad_words_token_ids
+from libs.gateway.images import encode_images
 from libs.gateway.logprob_limits import apply_max_logprobs, engine_max_logprobs
 from libs.gateway.openai_api import (
     INT32_MAX,
@@ -30,7 +31,6 @@ from libs.gateway.openai_api import (
     StreamOptions,
     TokenizeRequest,
 )
-from libs.gateway.images import encode_images
 from libs.gateway.pipeline import GenerationSpec, Pipeline
 from libs.gateway.pool import WorkerPool
 from libs.gateway.request_metrics import RequestCounter
@@ -72,7 +72,9 @@ class GatewayState:
         apply_max_logprobs(body, engine_max_logprobs(self.max_logprobs, vocab_size), vocab_size)
 
 
-async def _with_images(state: GatewayState, body: ChatCompletionRequest, spec: GenerationSpec) -> GenerationSpec:
+async def _with_images(
+    state: GatewayState, body: ChatCompletionRequest, spec: GenerationSpec
+) -> GenerationSpec:
     """The spec with the encoder's embeddings of the conversation's images (if any)."""
     embeddings = await encode_images(state.encoder, body, spec.request_id)
     return dataclasses.replace(spec, image_embeddings=tuple(embeddings)) if embeddings else spec

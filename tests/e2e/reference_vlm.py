@@ -27,6 +27,7 @@ def main(model_dir: str, cases_path: str, out_path: str, max_tokens: int) -> Non
     os.environ.update(engine_environment(config, os.sched_getaffinity(0)))
     from PIL import Image
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     kwargs = engine_kwargs(config)
     kwargs.pop("disable_log_stats")
@@ -35,8 +36,8 @@ def main(model_dir: str, cases_path: str, out_path: str, max_tokens: int) -> Non
     outputs = []
     for case in json.loads(Path(cases_path).read_text()):
         images = [Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB") for data in case["images"]]
-        prompt = {"prompt_token_ids": case["prompt_token_ids"], "multi_modal_data": {"image": images}}
-        result = llm.generate([prompt], params, use_tqdm=False)  # type: ignore[list-item]
+        prompt = TokensPrompt(prompt_token_ids=case["prompt_token_ids"], multi_modal_data={"image": images})
+        result = llm.generate([prompt], params, use_tqdm=False)
         outputs.append(list(result[0].outputs[0].token_ids))
     Path(out_path).write_text(json.dumps(outputs))
 

@@ -89,7 +89,7 @@ def start_stack(mode: str, model_dir: Path, cache_dir: Path) -> tuple[Service, s
 
 
 def chat(gateway: str, messages: list[dict[str, Any]]) -> httpx.Response:
-    body = {"model": "m", "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+    body = {"model": served_model(gateway), "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
             "return_token_ids": True}  # fmt: skip
     return httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=300)
 
@@ -127,7 +127,12 @@ def reference(model_dir: Path, stacks: dict[str, str]) -> list[list[int]]:
     cases = []
     for messages, images in CASES:
         tokenized = httpx.post(f"{gateway}/tokenize", json={"model": model, "messages": messages}).json()
-        cases.append({"prompt_token_ids": tokenized["tokens"], "images": [base64.b64encode(i).decode() for i in images]})
+        cases.append(
+            {
+                "prompt_token_ids": tokenized["tokens"],
+                "images": [base64.b64encode(i).decode() for i in images],
+            }
+        )
     folder = log_dir()
     (folder / "vlm_cases.json").write_text(json.dumps(cases))
     with (folder / "reference_vlm.log").open("wb") as log:
@@ -175,7 +180,9 @@ def test_bad_images_are_400s_and_the_encoder_keeps_serving(stacks: dict[str, str
     huge.save(out, format="PNG")  # a few kB on the wire, 1.2 GB as RGB
     cases = [*BAD, (url(out.getvalue()), "more than this server's limit")]
     for bad, needle in cases:
-        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": bad}}, text("hi")]}]
+        messages = [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": bad}}, text("hi")]}
+        ]
         response = chat(gateway, messages)
         assert response.status_code == 400, response.text
         message = response.json()["error"]["message"]

@@ -15,8 +15,8 @@ from cleave.worker.v1 import worker_pb2
 from libs.gateway.pipeline import GenerationSpec
 from libs.tokenization import Tokenizer
 from tests.libs.gateway.test_pipeline import ANSWER, FakeWorker, Stack, run, spec
-from tests.libs.gateway.test_pipeline import stack as stack  # noqa: F401 (the fixture)
-from tests.libs.gateway.test_pipeline import tokenizer as tokenizer  # noqa: F401 (the fixture)
+from tests.libs.gateway.test_pipeline import stack as stack
+from tests.libs.gateway.test_pipeline import tokenizer as tokenizer
 
 pytestmark = pytest.mark.anyio
 EXPANSION = 3  # fake engine: each prompt token 7 (the placeholder) becomes 3 tokens
@@ -51,10 +51,12 @@ def expand(prompt: Sequence[int]) -> list[int]:
     return [t for token in prompt for t in ([token] * EXPANSION if token == 7 else [token])]
 
 
-def image_spec(tokenizer: Tokenizer) -> GenerationSpec:  # noqa: F811 (the fixture's name)
+def image_spec(tokenizer: Tokenizer) -> GenerationSpec:
     embedding = common_pb2.Tensor(dtype=common_pb2.DTYPE_FLOAT32, shape=[3, 1], data=b"\0" * 12)
     base = spec(tokenizer)
-    return replace(base, prompt_token_ids=[*base.prompt_token_ids, 7], image_embeddings=(embedding, embedding))
+    return replace(
+        base, prompt_token_ids=[*base.prompt_token_ids, 7], image_embeddings=(embedding, embedding)
+    )
 
 
 class CountingLookup:
@@ -67,8 +69,8 @@ class CountingLookup:
 
 
 async def test_pd_prefill_gets_embeddings_decode_the_expanded_prompt(
-    stack: Stack,  # noqa: F811
-    tokenizer: Tokenizer,  # noqa: F811
+    stack: Stack,
+    tokenizer: Tokenizer,
 ) -> None:
     tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
     prefill, decode = ImageWorker(tokens), ImageWorker(tokens)
@@ -85,8 +87,8 @@ async def test_pd_prefill_gets_embeddings_decode_the_expanded_prompt(
 
 
 async def test_colocated_worker_gets_the_embeddings(
-    stack: Stack,  # noqa: F811
-    tokenizer: Tokenizer,  # noqa: F811
+    stack: Stack,
+    tokenizer: Tokenizer,
 ) -> None:
     tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
     worker = ImageWorker(tokens)
