@@ -91,9 +91,12 @@ class Migration:
     """One request's migrations: the tokens it generated so far, the workers that failed it,
     and how many times it moved (at most `limit`; 0 disables migration)."""
 
-    def __init__(self, original: worker_pb2.GenerateRequest, *, limit: int) -> None:
+    def __init__(self, original: worker_pb2.GenerateRequest, *, limit: int, images: bool = False) -> None:
         self._original = original
         self._limit = limit
+        # A prompt with images whose KV came from a prefill worker: the request holds the
+        # expanded prompt and no embeddings, so another worker could not recompute it.
+        self._images = images and original.HasField("handoff") and not original.image_embeddings
         self._generated: list[int] = []
         self._failed: set[str] = set()
         self.migrations = 0
@@ -152,6 +155,8 @@ class Migration:
             return "n", "requests with n > 1 are not migrated"
         if sampling.structured_output.WhichOneof("kind") is not None:
             return "structured_output", "requests with structured output are not migrated"
+        if self._images:
+            return "images", "requests with images prefilled elsewhere are not migrated"
         if sampling.HasField("max_tokens") and len(self._generated) >= sampling.max_tokens:
             # The worker sent every token but not the finish: nothing is left to generate.
             return "nothing_left", "all max_tokens were generated but the sequence never finished"

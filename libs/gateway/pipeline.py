@@ -344,7 +344,7 @@ class Pipeline:
         progress = _Progress(detokenizers, set(detokenizers), prompt_logprobs=prompt_logprobs)
         # A worker failing after tokens were sent hands the request on (libs/gateway/migration.py):
         # the next worker continues it with the same detokenizers and counts.
-        migration = Migration(request, limit=self._migration_limit)
+        migration = Migration(request, limit=self._migration_limit, images=bool(spec.image_embeddings))
         first_endpoint = endpoint
         try:
             # Holds the admission slot of each worker the request moves to, to its end.

@@ -12,6 +12,7 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
+from libs.gateway.migration import Migration
 from libs.gateway.pipeline import GenerationSpec
 from libs.tokenization import Tokenizer
 from tests.libs.gateway.test_pipeline import ANSWER, FakeWorker, Stack, run, spec
@@ -98,3 +99,17 @@ async def test_colocated_worker_gets_the_embeddings(
     await pool.close()
     assert text == ANSWER
     assert worker.generate_images == [2] and worker.generate_prompts == [request.prompt_token_ids]
+
+
+def test_image_requests_prefilled_elsewhere_are_not_migrated() -> None:
+    handed_off = worker_pb2.GenerateRequest(
+        prompt_token_ids=[1, 7, 7, 7], handoff=worker_pb2.KvHandoff(transport="nixl")
+    )
+    assert Migration(handed_off, limit=2, images=True)._refusal() == (
+        "images",
+        "requests with images prefilled elsewhere are not migrated",
+    )
+    # A colocated request carries its embeddings: its continuation can recompute the prompt.
+    colocated = worker_pb2.GenerateRequest(prompt_token_ids=[1, 7], image_embeddings=[common_pb2.Tensor()])
+    assert Migration(colocated, limit=2, images=True)._refusal() is None
+    assert Migration(handed_off, limit=2)._refusal() is None
