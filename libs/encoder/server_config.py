@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libs.config.codecs import PORT, POSITIVE_INT
-from libs.config.flags import flag, parse
+from libs.config.flags import FLOAT, flag, parse
 from libs.config.groups import GrpcSecurityFlags, LoggingFlags, ModelFlags, ServerFlags
 from libs.encoder.limits import ImageLimits
 
@@ -19,7 +19,7 @@ class EncoderConfig(ServerFlags, LoggingFlags, ModelFlags, GrpcSecurityFlags):
     dtype: str = flag("auto", help="the workers' dtype (auto = the model's own): float32, bfloat16, float16")
     encoder_cache_mb: int = flag(256, codec=POSITIVE_INT, help="embedding cache size (MiB, LRU)")
     allow_image_urls: bool = flag(False, help="fetch http(s) image URLs (off: data: URLs only)")
-    image_fetch_timeout_s: float = flag(10.0, help="time limit of one image fetch")
+    image_fetch_timeout_s: float = flag(10.0, codec=FLOAT, help="time limit of one image fetch")
     max_image_bytes: int = flag(20 * 1024 * 1024, codec=POSITIVE_INT, help="largest image file accepted")
     max_image_pixels: int = flag(
         40_000_000, codec=POSITIVE_INT, help="largest image accepted, width x height"

@@ -157,6 +157,8 @@ def encoder_config(
         dtype="bfloat16" if config.dtype == "auto" else config.dtype,
         port=options.port + index if options.port else 0,
         max_num_seqs=options.max_num_seqs,
+        allow_image_urls=config.allow_image_urls,
+        image_fetch_timeout_s=config.image_fetch_timeout_s,
     )
 
 

@@ -7,12 +7,15 @@ is wrong, and the encoder keeps serving."""
 from __future__ import annotations
 
 import base64
+import http.server
 import io
 import json
 import random
 import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,8 +84,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"), tokenizer)
 
 
-def start_stack(mode: str, model_dir: Path, cache_dir: Path) -> tuple[Service, str]:
-    flags = ["--mode", mode, "--port", "0", "--model", str(model_dir), "--dtype", "float32",
+def start_stack(mode: str, model_dir: Path, cache_dir: Path, *extra: str) -> tuple[Service, str]:
+    flags = [*extra, "--mode", mode, "--port", "0", "--model", str(model_dir), "--dtype", "float32",
              "--max-model-len", "2048", "--cache-dir", str(cache_dir)]  # fmt: skip
     service = start(f"gateway-{mode}", "services.gateway.main", parse(GatewayConfig, flags))
     return service, service.wait_http_ready(900)
@@ -109,8 +112,10 @@ def stacks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     started: list[Service] = []
     urls: dict[str, str] = {}
     try:
+        # 1e1p1d's encoder fetches http(s) image URLs (1 s limit); 1e1pd's refuses them.
+        extra = {"1e1p1d": ("--allow-image-urls", "--image-fetch-timeout-s", "1"), "1e1pd": ()}
         for mode in ("1e1p1d", "1e1pd"):
-            service, base = start_stack(mode, model_dir, tmp_path_factory.mktemp(mode))
+            service, base = start_stack(mode, model_dir, tmp_path_factory.mktemp(mode), *extra[mode])
             started.append(service)
             urls[mode] = base
         yield urls
@@ -168,9 +173,41 @@ BAD = [
     (url(image(64, 64, 7)[:2000]), "corrupt or truncated"),
     (url(b"just some text, not an image", "text/plain"), "not an image"),
     (url(image(8, 8, 9, "TIFF"), "image/tiff"), "unsupported image format TIFF"),
-    ("http://127.0.0.1:9/cat.png", "disabled on this server"),
     ("data:image/png;base64,%%%", "base64 data is invalid"),
 ]
+
+
+@pytest.fixture
+def slow_image_server() -> Iterator[str]:
+    """A 127.0.0.1 HTTP server that answers after 5 s."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(5)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cat.png"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_image_urls_disabled_or_timing_out_are_400s(stacks: dict[str, str], slow_image_server: str) -> None:
+    for mode, needle in (("1e1pd", "disabled on this server"), ("1e1p1d", "timed out after 1 s")):
+        messages = [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": slow_image_server}}]}
+        ]
+        response = chat(stacks[mode], messages)
+        assert response.status_code == 400, response.text
+        assert needle in response.json()["error"]["message"], response.text
+        print(f"{mode} 400: {response.json()['error']['message']}")
 
 
 def test_bad_images_are_400s_and_the_encoder_keeps_serving(stacks: dict[str, str]) -> None:
