@@ -2,6 +2,9 @@
 speculation, with n-gram and with a draft model, one stack at a time, one request at a time
 (the single-stream case speculation is for). Prints tok/s, the ratio to the plain stack and
 the decode worker's acceptance rate and mean accepted length (from the gateway's /metrics).
+Requests stream, so tok/s is given twice: end to end (prompt to last token, what a client
+waits) and decode only (after each first token: the part speculation changes; the 1p1d
+prefill and KV handoff before the first token are the same with and without it).
 
 ./bazel run //tools/bench:speculative -- --max-tokens 256 --draft-model smollm2
 """
@@ -9,6 +12,7 @@ the decode worker's acceptance rate and mean accepted length (from the gateway's
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -39,11 +43,18 @@ class Result:
     name: str
     tokens: int
     seconds: float
+    first_token_seconds: float  # summed over the requests: prompt to first token
+    requests: int
     spec: dict[str, float]
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens after the first of each request, over the time after each first token."""
+        return (self.tokens - self.requests) / (self.seconds - self.first_token_seconds)
 
 
 def spec_counters(base_url: str) -> dict[str, float]:
@@ -75,24 +86,40 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
         base_url = service.wait_http_ready(args.timeout_s)
         served = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
 
-        def complete(prompt: str, max_tokens: int) -> int:
+        def complete(prompt: str, max_tokens: int) -> tuple[int, float]:
+            """(completion tokens, seconds to the first token)."""
             body = {
                 "model": served,
                 "prompt": prompt,
                 "max_tokens": max_tokens,
                 "temperature": 0,
                 "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
             }
-            reply = httpx.post(f"{base_url}/v1/completions", json=body, timeout=600)
-            reply.raise_for_status()
-            return int(reply.json()["usage"]["completion_tokens"])
+            started = time.perf_counter()
+            first: float | None = None
+            tokens = 0
+            with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600) as reply:
+                reply.raise_for_status()
+                for line in reply.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    if first is None and any(c.get("text") for c in chunk.get("choices", [])):
+                        first = time.perf_counter() - started
+                    if chunk.get("usage"):
+                        tokens = int(chunk["usage"]["completion_tokens"])
+            return tokens, first if first is not None else time.perf_counter() - started
 
         complete("Hello", 8)  # warm-up: first-request costs are not decode speed
         time.sleep(2)  # the gateway polls worker stats each second
         before = spec_counters(base_url)
         started = time.perf_counter()
-        tokens = sum(complete(prompt, args.max_tokens) for prompt in PROMPTS)
+        replies = [complete(prompt, args.max_tokens) for prompt in PROMPTS]
         seconds = time.perf_counter() - started
+        tokens = sum(n for n, _ in replies)
+        first_token_seconds = sum(t for _, t in replies)
         time.sleep(2)
         after = spec_counters(base_url)
     finally:
@@ -105,7 +132,7 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_accepted_length": 1 + accepted / drafts if drafts else 0.0,
     }
-    return Result(name, tokens, seconds, spec)
+    return Result(name, tokens, seconds, first_token_seconds, len(PROMPTS), spec)
 
 
 def main() -> int:
@@ -133,17 +160,26 @@ def main() -> int:
         result = run_system(name, extra, args, log_dir)
         results.append(result)
         print(
-            f"{name}: {result.tokens} tokens in {result.seconds:.1f} s = {result.tok_s:.1f} tok/s", flush=True
+            f"{name}: {result.tokens} tokens in {result.seconds:.1f} s = {result.tok_s:.1f} tok/s "
+            f"(first tokens {result.first_token_seconds:.2f} s in all; decode {result.decode_tok_s:.1f} tok/s)",
+            flush=True,
         )
     plain = results[0]
     print(
         f"\n{len(PROMPTS)} repetitive prompts x {args.max_tokens} tokens, one at a time, 1p1d, {args.model}"
     )
-    print(f"{'system':<12} {'tok/s':>8} {'vs plain':>9} {'acceptance':>11} {'mean accepted length':>21}")
+    print(
+        f"{'system':<12} {'tok/s':>8} {'vs plain':>9} {'decode tok/s':>13} {'vs plain':>9} "
+        f"{'TTFT mean s':>12} {'acceptance':>11} {'mean accepted length':>21}"
+    )
     for r in results:
         rate = f"{r.spec['acceptance_rate']:.2f}" if r.spec["drafts"] else "-"
         length = f"{r.spec['mean_accepted_length']:.2f}" if r.spec["drafts"] else "-"
-        print(f"{r.name:<12} {r.tok_s:>8.1f} {r.tok_s / plain.tok_s:>8.2f}x {rate:>11} {length:>21}")
+        print(
+            f"{r.name:<12} {r.tok_s:>8.1f} {r.tok_s / plain.tok_s:>8.2f}x {r.decode_tok_s:>13.1f} "
+            f"{r.decode_tok_s / plain.decode_tok_s:>8.2f}x {r.first_token_seconds / r.requests:>12.3f} "
+            f"{rate:>11} {length:>21}"
+        )
     print(f"logs in {log_dir}")
     return 0
 
