@@ -45,6 +45,10 @@ class VllmEngine:
         """Loads the model and starts the engine (seconds to minutes; blocks)."""
         # vLLM's stat logging rebuilds connector stats by class name in this process.
         register_kvstore_connector()
+        if engine_kwargs.get("enable_mm_embeds"):
+            from libs.worker import vllm_mm_embeds
+
+            vllm_mm_embeds.install()  # Idefics3's prompt expansion for embeddings (vLLM's gap)
         args = engine_args(engine_kwargs)
         engine = AsyncLLM.from_engine_args(args, stat_loggers=[CapturingStatLogger])
         stats = CapturingStatLogger.latest
