@@ -357,7 +357,8 @@ def main(argv: Sequence[str]) -> int:
         log(f"check {name}")
         try:
             CHECKS[name](stack, args)
-        except (CheckFailed, subprocess.TimeoutExpired) as error:
+        # OSError: the gateway unreachable on /health; ValueError: a body that is not JSON.
+        except (CheckFailed, subprocess.TimeoutExpired, OSError, ValueError) as error:
             log(f"check {name} FAILED after {time.monotonic() - started:.0f}s: {error}")
             return 1
         log(f"check {name} passed in {time.monotonic() - started:.0f}s")
