@@ -173,12 +173,14 @@ def markdown(measurements: Sequence[Measurement], concurrencies: Sequence[int]) 
             ]
             ratios, work_ratios = [], []
             for m in runs:
+                # vLLM of the same round and build (`--label`: "vllm (before)" for "... (before)").
+                label = _label(m.system)
                 peer = [
                     p
                     for p in measurements
-                    if p.system == "vllm" and p.round == m.round and p.concurrency == concurrency
+                    if p.system == f"vllm{label}" and p.round == m.round and p.concurrency == concurrency
                 ]
-                if system != "vllm" and peer:
+                if m.system != f"vllm{label}" and peer:
                     ratios.append(m.ms_per_token()[SERVING] / peer[0].ms_per_token()[SERVING])
                     work_ratios.append(m.serving_work_ms_per_token() / peer[0].serving_work_ms_per_token())
             lines.append(
@@ -196,6 +198,11 @@ def markdown(measurements: Sequence[Measurement], concurrencies: Sequence[int]) 
         )
         lines.append(f"- {system}: {shown}")
     return "\n".join(lines) + "\n"
+
+
+def _label(system: str) -> str:
+    """The " (label)" suffix --label appended to a system's name, or ""."""
+    return system[system.index(" (") :] if " (" in system else ""
 
 
 def _seen(measurements: Sequence[Measurement], role: str) -> bool:

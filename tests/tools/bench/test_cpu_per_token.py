@@ -37,3 +37,21 @@ def test_per_token_cpu_idle_subtracted_and_ratios_to_vllm_of_the_same_round(tmp_
     row = next(line for line in table.splitlines() if line.startswith("| cleave-pd | 4 |"))
     # Serving ÷ vLLM's api-server per round: 2.0 and 1.0, median 1.5.
     assert "| 1.500 (1.000–2.000) |" in row
+
+
+def test_labelled_runs_are_paired_with_vllm_of_the_same_label(tmp_path: Path) -> None:
+    # `--label before|after` renames every system ("vllm (before)"); the ratios must still pair
+    # each Cleave run with vLLM of its own build and round, not come out empty.
+    runs = [
+        _measurement("vllm (before)", 1, {"api-server": 0.3}),
+        _measurement("cleave-pd (before)", 1, {"gateway": 0.6}),
+        _measurement("vllm (after)", 1, {"api-server": 0.6}),
+        _measurement("cleave-pd (after)", 1, {"gateway": 0.3}),
+    ]
+    path = tmp_path / "cpu_per_token.json"
+    path.write_text(json.dumps([dict(vars(m)) for m in runs]))
+    table = markdown(load([path]), [4])
+    before = next(line for line in table.splitlines() if line.startswith("| cleave-pd (before) | 4 |"))
+    after = next(line for line in table.splitlines() if line.startswith("| cleave-pd (after) | 4 |"))
+    assert "| 2.000 (2.000–2.000) |" in before
+    assert "| 0.500 (0.500–0.500) |" in after
