@@ -7,6 +7,7 @@ bad image, with what is wrong) is the client's 400 and never counts against a wo
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections.abc import Sequence
@@ -67,6 +68,22 @@ async def encode_images(
     encoder: Any, body: ChatCompletionRequest, request_id: str
 ) -> list[common_pb2.Tensor]:
     """The embeddings of the request's images (none without image parts)."""
+    return [embedding.embeddings for embedding in await encoded_images(encoder, body, request_id)]
+
+
+def image_cache_salt(client_salt: str, embeddings: Sequence[encoder_pb2.ImageEmbedding]) -> str:
+    """The prompt's cache salt with its images' content hashes in it. A decode worker gets
+    the expanded prompt without the images: the same token ids for every image, so without
+    this its prefix cache would take one image's KV for another's (vLLM folds cache_salt
+    into the first block's hash)."""
+    images = hashlib.sha256("".join(e.content_hash for e in embeddings).encode()).hexdigest()
+    return f"{client_salt}|images:{images}" if client_salt else f"images:{images}"
+
+
+async def encoded_images(
+    encoder: Any, body: ChatCompletionRequest, request_id: str
+) -> list[encoder_pb2.ImageEmbedding]:
+    """The encoder's answer for the request's images (none without image parts)."""
     urls = image_urls(body)
     if not urls:
         return []
@@ -93,4 +110,4 @@ async def encode_images(
     IMAGES.labels("cached").inc(cached)
     IMAGES.labels("encoded").inc(len(response.embeddings) - cached)
     log.debug("images encoded", images=len(urls), cached=cached)
-    return [embedding.embeddings for embedding in response.embeddings]
+    return list(response.embeddings)

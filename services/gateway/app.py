@@ -21,7 +21,7 @@ from libs.gateway import batch_chat, errors, responses, tokenize_api
 from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
 from libs.gateway.edge import HttpEdge
 from libs.gateway.extensions import bad_words_token_ids
-from libs.gateway.images import encode_images
+from libs.gateway.images import encoded_images, image_cache_salt
 from libs.gateway.logprob_limits import apply_max_logprobs, engine_max_logprobs
 from libs.gateway.openai_api import (
     INT32_MAX,
@@ -75,9 +75,16 @@ class GatewayState:
 async def _with_images(
     state: GatewayState, body: ChatCompletionRequest, spec: GenerationSpec
 ) -> GenerationSpec:
-    """The spec with the encoder's embeddings of the conversation's images (if any)."""
-    embeddings = await encode_images(state.encoder, body, spec.request_id)
-    return dataclasses.replace(spec, image_embeddings=tuple(embeddings)) if embeddings else spec
+    """The spec with the encoder's embeddings of the conversation's images (if any), and
+    their content hashes in the cache salt (libs/gateway/images.py)."""
+    encoded = await encoded_images(state.encoder, body, spec.request_id)
+    if not encoded:
+        return spec
+    return dataclasses.replace(
+        spec,
+        image_embeddings=tuple(e.embeddings for e in encoded),
+        cache_salt=image_cache_salt(spec.cache_salt, encoded),
+    )
 
 
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:

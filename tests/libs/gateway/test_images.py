@@ -13,7 +13,7 @@ import pytest
 from cleave.common.v1 import common_pb2
 from cleave.encoder.v1 import encoder_pb2
 from libs.gateway import errors
-from libs.gateway.images import TEXT_ONLY, encode_images, image_urls
+from libs.gateway.images import TEXT_ONLY, encode_images, image_cache_salt, image_urls
 from libs.gateway.openai_api import ChatCompletionRequest
 
 
@@ -81,3 +81,11 @@ def test_errors(encoder: FakeEncoder | None, status: int, needle: str) -> None:
     with pytest.raises(errors.ApiError) as raised:
         asyncio.run(encode_images(encoder, CONVERSATION, "r"))
     assert raised.value.status == status and needle in str(raised.value.message)
+
+
+def test_cache_salt_carries_the_images() -> None:
+    a, b = encoder_pb2.ImageEmbedding(content_hash="aa"), encoder_pb2.ImageEmbedding(content_hash="bb")
+    assert image_cache_salt("", [a]) != image_cache_salt("", [b])
+    assert image_cache_salt("", [a, b]) != image_cache_salt("", [b, a])
+    assert image_cache_salt("client", [a]).startswith("client|images:")
+    assert image_cache_salt("", [a]) == image_cache_salt("", [a])
