@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
-import uvloop
 
 from libs.config.errors import ConfigError
 from libs.gateway.assembly import assemble
@@ -131,10 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # orphaned every worker and its vLLM engine.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        # uvloop, as vLLM's OpenAI server runs: its event loop costs less per SSE write and per
-        # gRPC message than asyncio's (docs/benchmarks.md, "Cleave's own CPU per generated token").
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(config, edge, security))
+        # asyncio, not uvloop: uvloop cut no CPU per token here (docs/benchmarks.md, "Cleave's
+        # own CPU per generated token", 2026-12-02).
+        asyncio.run(serve(config, edge, security))
     except (ModelNotFoundError, LaunchError, TimeoutError, RuntimeError) as error:
         print(f"cleave gateway: {error}", file=sys.stderr)
         return 1
