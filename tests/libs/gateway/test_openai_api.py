@@ -129,7 +129,9 @@ def test_image_parts_are_parsed_in_order() -> None:
     # Whether an encoder serves them is the gateway's check (libs/gateway/images.py).
     first = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     second = {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB", "detail": "low"}}
-    body = chat(messages=[{"role": "user", "content": [first, {"type": "text", "text": "what is this?"}, second]}])
+    body = chat(
+        messages=[{"role": "user", "content": [first, {"type": "text", "text": "what is this?"}, second]}]
+    )
     assert body.messages[0].image_urls() == ["data:image/png;base64,AAAA", "data:image/png;base64,BBBB"]
     assert body.messages[0].text() == "what is this?"
 

@@ -56,6 +56,7 @@ class FakeEngine:
         kv_transfer_params: dict[str, Any] | None = None,
         *,
         cache_salt: str = "",
+        image_embeddings: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         self.calls.append(
             {
@@ -63,8 +64,11 @@ class FakeEngine:
                 "sampling": sampling,
                 "kv": kv_transfer_params,
                 "cache_salt": cache_salt,
+                "image_embeddings": list(image_embeddings),
             }
         )
+        # As vLLM expands each image placeholder: here one token 0 per embedding row, appended.
+        expanded = (*prompt_token_ids, *(0 for e in image_embeddings for _ in range(len(e))))
         self.running.add(request_id)
         external = (
             len(prompt_token_ids) if kv_transfer_params and kv_transfer_params.get("do_remote_prefill") else 0
@@ -112,6 +116,7 @@ class FakeEngine:
                     num_cached_tokens=external,
                     kv_transfer_params=params,
                     prompt_logprobs=_prompt_logprobs(prompt_token_ids, sampling) if position == 0 else None,
+                    prompt_token_ids=expanded if position == 0 and image_embeddings else None,
                 )
                 if last:
                     self._stats.requests_finished += 1

@@ -68,6 +68,7 @@ class RefusingEngine(FakeEngine):
         kv_transfer_params: dict[str, Any] | None = None,
         *,
         cache_salt: str = "",
+        image_embeddings: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         async def refuse() -> AsyncIterator[EngineStep]:
             if sampling.get("logprobs", 0) > 20:

@@ -42,6 +42,7 @@ class FailingEngine(FakeEngine):
         kv_transfer_params: dict[str, Any] | None = None,
         *,
         cache_salt: str = "",
+        image_embeddings: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         inner = super().generate(
             request_id, prompt_token_ids, sampling, kv_transfer_params, cache_salt=cache_salt
