@@ -89,6 +89,10 @@ def prepare(vllm_root: Path, work: Path, files: list[str]) -> list[str]:
     except ImportError:
         (work / "pytest_asyncio").mkdir(exist_ok=True)
         (work / "pytest_asyncio" / "__init__.py").write_text(PYTEST_ASYNCIO)
+    # vLLM's fixtures the tests share (sample schemas, LoRA paths), from the same checkout.
+    shared = vllm_root / "tests" / "entrypoints" / "conftest.py"
+    if shared.is_file():
+        shutil.copy(shared, tests / "entrypoints" / "conftest.py")
     paths = []
     for name in files:
         source = vllm_root / OPENAI_TESTS / name

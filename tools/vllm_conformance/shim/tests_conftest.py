@@ -22,8 +22,10 @@ _get_tokenizer = vllm.tokenizers.get_tokenizer
 _ModelConfig = vllm.config.ModelConfig
 
 
-def _runner_tokenizer(_name: Any, *args: Any, **kwargs: Any) -> Any:
-    return _get_tokenizer(_MODEL, *args, **kwargs)
+def _runner_tokenizer(*args: Any, **kwargs: Any) -> Any:
+    # Called as get_tokenizer(name, ...) and as get_tokenizer(tokenizer_name=name, ...).
+    kwargs.pop("tokenizer_name", None)
+    return _get_tokenizer(_MODEL, *args[1:], **kwargs)
 
 
 def _runner_model_config(*args: Any, **kwargs: Any) -> Any:
