@@ -119,7 +119,7 @@ def test_the_messages_are_the_installed_vllms_engine_check(fields: dict[str, int
 
     model_config = SimpleNamespace(max_logprobs=max_logprobs, get_vocab_size=lambda: VOCAB)
     with pytest.raises(VLLMValidationError) as raised:
-        SamplingParams(**fields)._validate_logprobs(model_config)  # type: ignore[arg-type]
+        SamplingParams(**fields)._validate_logprobs(model_config)
     ours = refusal(completion(**fields), max_logprobs)
     assert ours.message == str(raised.value)
     assert ours.param == raised.value.parameter
