@@ -553,7 +553,12 @@ def _api_error(error: grpc.aio.AioRpcError) -> errors.ApiError:
     if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.overloaded()
     if error.code() == grpc.StatusCode.UNAVAILABLE:
-        return errors.ApiError(503, f"worker unavailable: {details}", type_="service_unavailable")
+        # gRPC's transport details name the worker's internal address (a container's or pod's
+        # IP): logged for the operator, never sent to the client.
+        log.warning("worker unavailable", details=details)
+        return errors.ApiError(
+            503, "worker unavailable: its connection failed; retry later", type_="service_unavailable"
+        )
     return errors.ApiError(500, f"worker error: {details}", type_="server_error")
 
 

@@ -209,6 +209,21 @@ async def test_an_unavailable_worker_is_ejected_and_the_request_goes_elsewhere(s
     assert healthy(pool) == {"prefill": 1, "decode": 1}
 
 
+async def test_an_unavailable_workers_transport_details_stay_out_of_the_clients_error(stack: Stack) -> None:
+    # gRPC's UNAVAILABLE details name the peer's internal address (found on a compose stack:
+    # "ipv4:172.28.15.5:50060: Connection refused" reached the client).
+    dead = ScriptedWorker()
+    pipeline, _ = await stack.pipeline({"prefill": [ScriptedWorker()], "decode": [dead]})
+    dead.generate_status = (
+        grpc.StatusCode.UNAVAILABLE,
+        "failed to connect: ipv4:172.28.15.5:50060: Connection refused",
+    )
+    with pytest.raises(errors.ApiError) as raised:
+        await run(pipeline, spec())
+    assert raised.value.status == 503
+    assert "172.28" not in raised.value.message and "50060" not in raised.value.message
+
+
 @pytest.mark.parametrize(
     ("status", "http_status", "code"),
     [
