@@ -36,10 +36,15 @@ from libs.gateway.detokenize import SequenceDetokenizer
 from libs.gateway.disaggregation import DisaggConfig, DisaggInputs, PrefixEstimate, place
 from libs.gateway.disaggregation import decode_load as disagg_decode_load
 from libs.gateway.disaggregation import prefill_queue as disagg_prefill_queue
+from libs.gateway.generation import Finished as Finished
+from libs.gateway.generation import GenerationSpec as GenerationSpec
+from libs.gateway.generation import SequenceEvent as SequenceEvent
+from libs.gateway.generation import check_vocabulary
 from libs.gateway.local_detokenize import LocalSequenceDetokenizer
 from libs.gateway.migration import DEFAULT_LIMIT, MIGRATING_CODES, Migration, MigrationRefused, WorkerFailed
 from libs.gateway.pool import Endpoint, WorkerPool
 from libs.gateway.routing import RoutingPolicy
+from libs.gateway.worker_errors import api_error, worker_error
 from libs.tokenization.decoder import Decoder
 
 log = structlog.get_logger(__name__)
@@ -54,50 +59,6 @@ _FINISH = {
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_ABORT: "abort",
 }
-
-
-@dataclass(frozen=True)
-class GenerationSpec:
-    request_id: str
-    model: str
-    prompt_token_ids: list[int]
-    sampling: common_pb2.SamplingParams
-    stops: list[str]
-    # Fixed when the request arrived (libs/gateway/deadline.py); Pipeline.run sets it.
-    deadline: Deadline = NO_DEADLINE
-    cache_salt: str = ""  # the client's; workers and the kvstore key cached KV by it
-    prompt_tokens_details: bool = False  # usage reports cached prompt tokens (responses.usage)
-    include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or token's text
-    # The encoder's embeddings, one per image placeholder of the prompt (libs/gateway/images.py).
-    image_embeddings: tuple[common_pb2.Tensor, ...] = ()
-
-    def metadata(self) -> common_pb2.RequestMetadata:
-        """What every worker call of this request carries."""
-        return common_pb2.RequestMetadata(
-            request_id=self.request_id, model=self.model, cache_salt=self.cache_salt
-        )
-
-
-@dataclass
-class SequenceEvent:
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None  # vLLM's: the stop token id or stop string that ended it
-    # The prompt's logprobs (as Finished.prompt_logprobs), on each sequence's first event when
-    # the spec asked for them: a stream's echo sends them with its first chunk, as vLLM's.
-    prompt_logprobs: list[common_pb2.TokenLogprob] | None = None
-
-
-@dataclass
-class Finished:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int
-    # One per prompt token when the spec asked for them (the first is an empty entry: none).
-    prompt_logprobs: list[common_pb2.TokenLogprob] | None = None
 
 
 class PrefixLookup(Protocol):
@@ -297,7 +258,7 @@ class Pipeline:
                             "prefill failed; retrying elsewhere", address=endpoint.address, attempt=attempt
                         )
                         continue
-                    raise _api_error(error) from error
+                    raise api_error(error) from error
                 self._pool.request_succeeded(endpoint)
             prompt_logprobs = (
                 list(response.prompt_logprobs) if spec.sampling.HasField("prompt_logprobs") else None
@@ -421,7 +382,7 @@ class Pipeline:
                         # The worker's own failure (its engine stopped), as UNAVAILABLE below.
                         self._pool.request_failed(endpoint, "generate failed: engine unavailable")
                     if not progress.emitted:
-                        raise _worker_error(response.error)
+                        raise worker_error(response.error)
                     if engine_stopped:
                         raise WorkerFailed(f"decode worker failed mid-stream: {response.error.message}")
                     raise MidStreamError(response.error.message)
@@ -471,7 +432,7 @@ class Pipeline:
             if not progress.emitted:
                 if error.code() == grpc.StatusCode.ABORTED and request.HasField("handoff"):
                     raise HandoffRejected(error.details() or "KV transfer failed") from error
-                raise _api_error(error) from error
+                raise api_error(error) from error
             failure = f"decode worker failed mid-stream: {error.code().name}"
             raise (WorkerFailed if error.code() in MIGRATING_CODES else MidStreamError)(failure) from error
         finally:
@@ -521,48 +482,3 @@ def _picker(
         return policy.pick(candidates, spec.prompt_token_ids)
 
     return pick
-
-
-def check_vocabulary(spec: GenerationSpec, vocab_size: int) -> None:
-    """Token ids the client chose (a prompt of ids, logit_bias keys, stop token ids) must be
-    in the workers' vocabulary; refused here before any worker spends time on them."""
-    fields = [
-        ("prompt", spec.prompt_token_ids),
-        ("logit_bias", sorted(spec.sampling.logit_bias)),
-        ("stop_token_ids", list(spec.sampling.stop_token_ids)),
-        ("allowed_token_ids", list(spec.sampling.allowed_token_ids)),
-    ]
-    prompt = spec.prompt_token_ids
-    if prompt and (min(prompt) < 0 or max(prompt) >= vocab_size):
-        # vLLM's message (Renderer.validate_token_ids): the lowest id if negative, else the highest.
-        worst = min(prompt) if min(prompt) < 0 else max(prompt)
-        raise errors.invalid(f"Token id {worst} is out of vocabulary", "prompt")
-    for param, ids in fields[1:]:
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
-            raise errors.invalid(
-                f"{param} has {len(bad)} token id(s) outside the vocabulary [0, {vocab_size}): {shown}", param
-            )
-
-
-def _api_error(error: grpc.aio.AioRpcError) -> errors.ApiError:
-    details = error.details() or error.code().name
-    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        return errors.invalid(details)
-    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.overloaded()
-    if error.code() == grpc.StatusCode.UNAVAILABLE:
-        # gRPC's transport details name the worker's internal address (a container's or pod's
-        # IP): logged for the operator, never sent to the client.
-        log.warning("worker unavailable", details=details)
-        return errors.ApiError(
-            503, "worker unavailable: its connection failed; retry later", type_="service_unavailable"
-        )
-    return errors.ApiError(500, f"worker error: {details}", type_="server_error")
-
-
-def _worker_error(error: common_pb2.Error) -> errors.ApiError:
-    if error.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
-        return errors.invalid(error.message)
-    return errors.ApiError(500, f"worker error: {error.message}", type_="server_error")

@@ -12,7 +12,7 @@ import grpc.aio
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent, check_vocabulary
+from libs.gateway.generation import Finished, GenerationSpec, SequenceEvent, check_vocabulary
 
 # "é" is two UTF-8 bytes, so logprobs' "bytes" is not just the code points.
 VOCAB = {1: "Hello", 2: ",", 3: " world", 4: "!", 5: "é", 6: " there"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from libs.gateway import errors
-from libs.gateway.pipeline import check_vocabulary
+from libs.gateway.generation import check_vocabulary
 from tests.libs.gateway.fakes import spec
 
 
