@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from libs.config.flags import parse
+from libs.encoder.server_config import parse_args as parse_encoder
 from libs.kvstore.server_config import parse_args as parse_kvstore
 from libs.tokenization.server_config import parse_args as parse_tokenizer
 from libs.worker.config import WorkerConfig
@@ -18,6 +19,7 @@ PARSERS: dict[str, Callable[[Sequence[str]], Any]] = {
     "cleave-tokenizer": parse_tokenizer,
     "cleave-worker": lambda argv: parse(WorkerConfig, argv),
     "cleave-kvstore": parse_kvstore,
+    "cleave-encoder": parse_encoder,
 }
 
 

@@ -18,22 +18,25 @@ from tests.deploy.service_flags import host_port, image_name, parse_command
 from tests.deploy.tools import tool
 
 COMPOSE_DIR = Path(__file__).parent.parent.parent / "deploy" / "compose"
-STACKS = ["pd", "1p1d", "2p1d"]
+STACKS = ["pd", "1p1d", "2p1d", "1e1pd", "1e1p1d"]
+# The encode stacks (an encoder, workers with --enable-mm-embeds) serve $CLEAVE_VLM_MODEL.
+ENCODE_STACKS = ["1e1pd", "1e1p1d"]
 TAG = "test-tag"
+VLM = "/models/test-vlm"
 
 
 def compose_binary() -> str:
     return tool("docker-compose", "docker-compose", "compose files not validated")
 
 
-@functools.cache
-def compose(stack: str, *args: str) -> str:
+def run_compose(stack: str, *args: str, vlm: str | None = VLM) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("TEST_TMPDIR", "/tmp"),
         "CLEAVE_TAG": TAG,
+        **({"CLEAVE_VLM_MODEL": vlm} if vlm is not None else {}),
     }
-    result = subprocess.run(
+    return subprocess.run(
         [compose_binary(), "--file", str(COMPOSE_DIR / stack / "docker-compose.yml"), *args],
         capture_output=True,
         text=True,
@@ -41,6 +44,11 @@ def compose(stack: str, *args: str) -> str:
         timeout=600,  # seconds on an idle machine; CI machines can be very loaded
         check=False,
     )
+
+
+@functools.cache
+def compose(stack: str, *args: str) -> str:
+    result = run_compose(stack, *args)
     assert result.returncode == 0, f"docker-compose {' '.join(args)} of {stack}: {result.stderr}"
     return result.stdout
 
@@ -90,7 +98,7 @@ def test_model_volume_is_named_and_mounted_at_models(stack: str) -> None:
     config = resolved(stack)
     assert config["volumes"]["models"]["name"] == "cleave-models"
     for name, service in cleave_services(config).items():
-        if image_name(service["image"]) in ("cleave-worker", "cleave-tokenizer"):
+        if image_name(service["image"]) in ("cleave-worker", "cleave-tokenizer", "cleave-encoder"):
             assert "models:/models:rw" in service["volumes"], name
 
 
@@ -118,18 +126,21 @@ def test_commands_are_flags_the_services_accept_and_addresses_name_the_stack(sta
     check_address(gateway.kvstore_address, "cleave-kvstore")
     for address in gateway.prefill_workers + gateway.decode_workers + gateway.pd_workers:
         check_address(address, "cleave-worker")
+    for address in gateway.encoders:
+        check_address(address, "cleave-encoder")
+    assert bool(gateway.encoders) == (stack in ENCODE_STACKS)
     roles = {
         w.role.value
         for w in (parsed[n] for n in services if image_name(services[n]["image"]) == "cleave-worker")
     }
-    assert roles == ({"both"} if stack == "pd" else {"prefill", "decode"})
+    assert roles == ({"both"} if stack.endswith("pd") else {"prefill", "decode"})
     for name, config_ in parsed.items():
         assert config_.host == "0.0.0.0", f"{name} must listen beyond the container's loopback"
         if hasattr(config_, "kvstore_address"):
             check_address(config_.kvstore_address, "cleave-kvstore")
 
 
-@pytest.mark.parametrize("stack", ["1p1d", "2p1d"])
+@pytest.mark.parametrize("stack", ["1p1d", "2p1d", "1e1p1d"])
 def test_decode_trusts_each_prefills_fixed_nixl_address(stack: str) -> None:
     config = resolved(stack)
     services = cleave_services(config)
@@ -168,3 +179,38 @@ def test_redis_runs_from_the_kvstore_image_and_the_kvstore_uses_it() -> None:
     assert image_name(redis["image"]) == "cleave-kvstore" and redis["entrypoint"] == ["redis-server"]
     kvstore = parse_command(config["services"]["kvstore"]["image"], config["services"]["kvstore"]["command"])
     assert kvstore.store.redis_url == "redis://redis:6379"
+
+
+@pytest.mark.parametrize("stack", ENCODE_STACKS)
+def test_encode_stacks_serve_one_vision_language_model_with_embeddings_on(stack: str) -> None:
+    config = resolved(stack)
+    services = cleave_services(config)
+    parsed = {n: parse_command(s["image"], s["command"]) for n, s in services.items()}
+    by_image: dict[str, list[str]] = {}
+    for name, service in services.items():
+        by_image.setdefault(image_name(service["image"]), []).append(name)
+    assert len(by_image["cleave-encoder"]) == 1
+    serving = by_image["cleave-tokenizer"] + by_image["cleave-encoder"] + by_image["cleave-worker"]
+    # The tokenizer's template, the encoder's vision tower and the workers' language model
+    # must be the same model's.
+    assert {parsed[n].model for n in serving} == {VLM}
+    encoder = parsed[by_image["cleave-encoder"][0]]
+    for name in by_image["cleave-worker"]:
+        assert parsed[name].enable_mm_embeds, f"{name} refuses the encoder's embeddings"
+        assert parsed[name].dtype == encoder.dtype, f"{name}: embeddings in another dtype"
+    # The gateway waits for the encoder (it does not health-check it afterwards).
+    assert config["services"]["gateway"]["depends_on"]["encoder"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("stack", ENCODE_STACKS)
+def test_encode_stacks_have_no_default_model(stack: str) -> None:
+    # No vision-language model ships in the images: without one the stack does not start.
+    result = run_compose(stack, "config", "-q", vlm=None)
+    assert result.returncode != 0 and "set CLEAVE_VLM_MODEL" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("stack", ["pd", "1p1d", "2p1d"])
+def test_text_stacks_have_no_encoder_and_need_no_vlm(stack: str) -> None:
+    result = run_compose(stack, "config", "-q", vlm=None)
+    assert result.returncode == 0, result.stderr
+    assert "encoder" not in resolved(stack)["services"]

@@ -24,12 +24,14 @@ from tests.deploy.service_flags import host_port, image_name, parse_command
 from tests.deploy.tools import tool
 
 K8S_DIR = Path(__file__).parent.parent.parent / "deploy" / "k8s"
-OVERLAYS = ["pd", "1p1d", "2p1d"]
+OVERLAYS = ["pd", "1p1d", "2p1d", "1e1pd", "1e1p1d"]
+# An encoder Deployment, workers with --enable-mm-embeds, the cleave-vlm ConfigMap's model.
+ENCODE_OVERLAYS = ["1e1pd", "1e1p1d"]
 # The oldest Kubernetes the manifests are for: policy/v1 PDBs (1.21), gRPC probes (GA in 1.27).
 KUBERNETES_VERSION = "1.27.0"
 # What the downward API gives a pod (status.podIP) when the test expands $(POD_IP).
 EXAMPLE_POD_IP = "10.244.1.7"
-GRPC_IMAGES = {"cleave-tokenizer", "cleave-worker", "cleave-kvstore"}
+GRPC_IMAGES = {"cleave-tokenizer", "cleave-worker", "cleave-kvstore", "cleave-encoder"}
 
 
 def kubectl() -> str:
@@ -175,12 +177,16 @@ def test_args_are_flags_the_services_accept_and_addresses_name_the_services(over
     # Headless: the name resolves to every ready pod, so scaling needs no gateway change.
     for address in workers:
         service_port(address, "cleave-worker", headless=True)
-    assert {host_port(a)[0] for a in workers} == ({"pd"} if overlay == "pd" else {"prefill", "decode"})
+    assert {host_port(a)[0] for a in workers} == ({"pd"} if overlay.endswith("pd") else {"prefill", "decode"})
+    # Headless like the workers: gRPC's resolver finds a restarted encoder pod's new IP.
+    for address in gateway.encoders:
+        service_port(address, "cleave-encoder", headless=True)
+    assert bool(gateway.encoders) == (overlay in ENCODE_OVERLAYS)
     for name, config in parsed.items():
         assert config.host == "0.0.0.0", f"{name} must listen on the pod's address"
 
 
-@pytest.mark.parametrize("overlay", ["1p1d", "2p1d"])
+@pytest.mark.parametrize("overlay", ["1p1d", "2p1d", "1e1p1d"])
 def test_prefill_advertises_its_pod_ip_and_decode_trusts_the_pod_network(overlay: str) -> None:
     objs = objects(overlay)
     prefill = parse_command(
@@ -222,3 +228,31 @@ def test_topologies_differ_in_their_workers_only() -> None:
     assert replicas["pd"] == {**shared, "pd": 1}
     assert replicas["1p1d"] == {**shared, "prefill": 1, "decode": 1}
     assert replicas["2p1d"] == {**shared, "prefill": 2, "decode": 1}
+    assert replicas["1e1pd"] == {**shared, "encoder": 1, "pd": 1}
+    assert replicas["1e1p1d"] == {**shared, "encoder": 1, "prefill": 1, "decode": 1}
+
+
+@pytest.mark.parametrize("overlay", ENCODE_OVERLAYS)
+def test_encode_overlays_serve_one_vision_language_model_with_embeddings_on(overlay: str) -> None:
+    objs = objects(overlay)
+    parsed = {
+        name: parse_command(containers(obj)[0]["image"], expanded_args(containers(obj)[0], objs))
+        for (kind, name), obj in objs.items()
+        if kind == "Deployment" and "command" not in containers(obj)[0] and name != "gateway"
+        and name != "kvstore"
+    }
+    vlm = objs[("ConfigMap", "cleave-vlm")]["data"]["model"]
+    # The tokenizer's template, the encoder's vision tower and the workers' language model
+    # must be the same model's.
+    assert {config.model for config in parsed.values()} == {vlm}
+    workers = [n for n in parsed if image_name(containers(objs[("Deployment", n)])[0]["image"]) == "cleave-worker"]
+    assert workers
+    for name in workers:
+        assert parsed[name].enable_mm_embeds, f"{name} refuses the encoder's embeddings"
+        assert parsed[name].dtype == parsed["encoder"].dtype, f"{name}: embeddings in another dtype"
+
+
+@pytest.mark.parametrize("overlay", ["pd", "1p1d", "2p1d"])
+def test_text_overlays_have_no_encoder(overlay: str) -> None:
+    objs = objects(overlay)
+    assert ("Deployment", "encoder") not in objs and ("ConfigMap", "cleave-vlm") not in objs
