@@ -36,6 +36,7 @@ from tools.bench import proc_cpu, report
 from tools.bench.config import BenchConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, BenchError, run_benchmark
 from tools.bench.systems import guidellm, rounds_report, sweep
+from tools.bench.systems.guidellm_run import GuidellmOptions, ensure_guidellm, run_guidellm
 from tools.bench.systems.catalog import (
     CALIBRATION_SYSTEMS,
     CLEAVE_NIXL_PROGRESS_DELAY_US,
@@ -53,14 +54,6 @@ from tools.bench.systems.sweep import SweepPoint
 from tools.bench.systems.tables import SystemOutcome, markdown, workload_json
 
 Planner = Callable[[str, ServingSettings, PortSource], SystemPlan]
-
-
-@dataclass(frozen=True)
-class GuidellmOptions:
-    venv: Path
-    lock: Path
-    find_links: tuple[str, ...]
-    timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -254,72 +247,6 @@ def warmup_config(config: BenchConfig) -> BenchConfig:
     )
 
 
-def ensure_guidellm(options: GuidellmOptions, log_path: Path) -> None:
-    """Creates the GuideLLM venv from its lock unless it was made from this very lock."""
-    if guidellm.venv_is_current(options.venv, options.lock):
-        print(f"compare: reusing GuideLLM venv {options.venv}", file=sys.stderr)
-        return
-    print(f"compare: installing GuideLLM into {options.venv} (log: {log_path})", file=sys.stderr, flush=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        for command in guidellm.install_commands(
-            options.venv, options.lock, sys.executable, options.find_links
-        ):
-            code = subprocess.run(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=guidellm.isolated_environment(),
-                check=False,
-            ).returncode
-            if code != 0:
-                raise RuntimeError(f"{' '.join(command[:4])} ... failed ({code}):\n{log_tail(log_path)}")
-    guidellm.write_stamp(options.venv, options.lock)
-
-
-async def run_guidellm(
-    options: GuidellmOptions, plan: SystemPlan, workload: str, compare: CompareOptions
-) -> guidellm.GuidellmOutcome:
-    folder = compare.out_dir / "guidellm"
-    folder.mkdir(parents=True, exist_ok=True)
-    scenario_path = folder / f"{plan.name}-{workload}.scenario.json"
-    report_path = folder / f"{plan.name}-{workload}.json"
-    log_path = compare.out_dir / "logs" / plan.name / f"guidellm-{workload}.log"
-    report_path.unlink(missing_ok=True)
-    spec = guidellm.scenario(
-        workload,
-        compare.sizes,
-        target=plan.base_url,
-        model=compare.settings.served_name,
-        tokenizer=compare.settings.model_path,
-        output_json=report_path,
-    )
-    scenario_path.write_text(json.dumps(spec, indent=2) + "\n")
-    command = guidellm.run_command(options.venv, scenario_path)
-    with log_path.open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            *command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=guidellm.isolated_environment(),
-            start_new_session=True,
-        )
-        try:
-            code = await asyncio.wait_for(process.wait(), options.timeout_s)
-        except TimeoutError:
-            os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-            error = f"GuideLLM did not finish in {options.timeout_s:.0f}s; see {log_path}"
-            return guidellm.GuidellmOutcome(None, error, report_path, log_path)
-    if code != 0:
-        error = f"GuideLLM exited with {code}; last lines of {log_path}:\n{log_tail(log_path, 15)}"
-        return guidellm.GuidellmOutcome(None, error, report_path, log_path)
-    try:
-        return guidellm.GuidellmOutcome(guidellm.load_report(report_path), None, report_path, log_path)
-    except guidellm.ReportError as exc:
-        return guidellm.GuidellmOutcome(None, str(exc), report_path, log_path)
-
-
 def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f} ms"
 
@@ -361,7 +288,15 @@ async def run_workload(
         cpu_s=proc_cpu.cpu_by_role(cpu_before, cpu_after),
     )
     if options.guidellm is not None:
-        check = await run_guidellm(options.guidellm, plan, workload, options)
+        check = await run_guidellm(
+            options.guidellm,
+            plan,
+            workload,
+            out_dir=options.out_dir,
+            sizes=options.sizes,
+            served_name=options.settings.served_name,
+            model_path=options.settings.model_path,
+        )
         outcome = replace(outcome, guidellm=check)
         if check.result is None:
             print(f"compare: GuideLLM on {plan.name}/{workload}: {check.error}", file=sys.stderr, flush=True)
