@@ -21,8 +21,6 @@ import datetime
 import itertools
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -31,12 +29,11 @@ from typing import Any
 
 import httpx
 
-from libs.stack.process import Launched, LaunchError, log_tail, start, wait_ready
+from libs.stack.process import Launched, LaunchError, start, wait_ready
 from tools.bench import proc_cpu, report
 from tools.bench.config import BenchConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, BenchError, run_benchmark
 from tools.bench.systems import guidellm, rounds_report, sweep
-from tools.bench.systems.guidellm_run import GuidellmOptions, ensure_guidellm, run_guidellm
 from tools.bench.systems.catalog import (
     CALIBRATION_SYSTEMS,
     CLEAVE_NIXL_PROGRESS_DELAY_US,
@@ -47,6 +44,7 @@ from tools.bench.systems.catalog import (
     SystemPlan,
     plan_system,
 )
+from tools.bench.systems.guidellm_run import GuidellmOptions, ensure_guidellm, run_guidellm
 from tools.bench.systems.presets import DESCRIPTIONS, WORKLOADS, CompareSizes, bench_config
 from tools.bench.systems.rounds import DEFAULT_SLO_PAIRS, SloPair, goodput, parse_slo_pair, round_orders
 from tools.bench.systems.scrape import scrape, stage_mean

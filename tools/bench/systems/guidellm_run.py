@@ -25,7 +25,6 @@ class GuidellmOptions:
     timeout_s: float
 
 
-
 def ensure_guidellm(options: GuidellmOptions, log_path: Path) -> None:
     """Creates the GuideLLM venv from its lock unless it was made from this very lock."""
     if guidellm.venv_is_current(options.venv, options.lock):
