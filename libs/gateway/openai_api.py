@@ -308,6 +308,18 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_given(cls, data: Any) -> Any:
+        # vLLM's validate_prompt_and_prompt_embeds, its message: a missing, null or "" prompt
+        # with no (or empty) prompt_embeds. Non-empty prompt_embeds are refused later
+        # (vllm_fields.REFUSED), so with a prompt they do not count as one here.
+        if isinstance(data, dict):
+            prompt, embeds = data.get("prompt"), data.get("prompt_embeds")
+            if prompt in (None, "") and embeds in (None, []):
+                raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+        return data
+
     @field_validator("prompt")
     @classmethod
     def _token_ids_fit(

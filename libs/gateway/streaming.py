@@ -91,13 +91,16 @@ async def sse_events(
     """
     chunks = _Chunks(spec, fmt)
     clock = _LatencyClock(started_s)
-    completion_tokens = 0
+    # vLLM's rule (should_include_usage): continuous stats only with include_usage; each
+    # chunk counts its own choice's tokens so far (previous_num_tokens[i]).
+    continuous = fmt.options.include_usage and fmt.options.continuous_usage_stats
+    completion_tokens: dict[int, int] = {}
     with bound_request_id(spec.request_id):
         try:
             if fmt.chat:
-                yield chunks.roles(spec.sampling.n or 1)
+                yield chunks.roles(spec.sampling.n or 1, continuous=continuous)
                 if fmt.echo_text:
-                    yield chunks.echo(spec.sampling.n or 1)
+                    yield chunks.echo(spec.sampling.n or 1, continuous=continuous)
             async for event in generate(spec):
                 if isinstance(event, Finished):
                     clock.finished(event)
@@ -114,14 +117,9 @@ async def sse_events(
                     break
                 clock.token_event()
                 choice = await chunks.choice(event, token_text)
-                completion_tokens += len(event.token_ids)
-                # vLLM's rule (should_include_usage): continuous stats only with include_usage.
-                if fmt.options.include_usage and fmt.options.continuous_usage_stats:
-                    # The prompt's cached tokens are only known at the end: 0 until then.
-                    yield chunks.chunk(
-                        [choice],
-                        usage=usage(len(spec.prompt_token_ids), completion_tokens, 0, details=False),
-                    )
+                completion_tokens[event.index] = completion_tokens.get(event.index, 0) + len(event.token_ids)
+                if continuous:
+                    yield chunks.chunk([choice], usage=chunks.running_usage(completion_tokens[event.index]))
                 else:
                     yield chunks.chunk([choice])
         except (errors.ApiError, MidStreamError) as error:
@@ -161,9 +159,16 @@ class _Chunks:
             }
         )
 
-    def roles(self, n: int) -> str:
-        # vLLM sends the prompt's token ids once, on the first chunk.
-        extra = {"prompt_token_ids": self._prompt} if self._fmt.return_token_ids else {}
+    def running_usage(self, completion_tokens: int) -> dict[str, Any]:
+        # The prompt's cached tokens are only known at the end: not reported until then.
+        return usage(len(self._prompt), completion_tokens, 0, details=False)
+
+    def roles(self, n: int, *, continuous: bool = False) -> str:
+        # vLLM sends the prompt's token ids once, on the first chunk; with continuous usage
+        # stats its role chunk carries usage too (0 completion tokens).
+        extra: dict[str, Any] = {"prompt_token_ids": self._prompt} if self._fmt.return_token_ids else {}
+        if continuous:
+            extra["usage"] = self.running_usage(0)
         return self.chunk(
             [
                 {
@@ -177,7 +182,8 @@ class _Chunks:
             **extra,
         )
 
-    def echo(self, n: int) -> str:
+    def echo(self, n: int, *, continuous: bool = False) -> str:
+        extra = {"usage": self.running_usage(0)} if continuous else {}
         return self.chunk(
             [
                 {
@@ -187,7 +193,8 @@ class _Chunks:
                     "finish_reason": None,
                 }
                 for i in range(n)
-            ]
+            ],
+            **extra,
         )
 
     async def choice(self, event: SequenceEvent, token_text: TokenText) -> dict[str, Any]:

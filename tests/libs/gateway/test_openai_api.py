@@ -163,3 +163,10 @@ def test_logprob_counts_are_minus_one_or_more_as_vllm_checks_them(field: str) ->
 def test_min_tokens_stays_within_what_the_contract_carries() -> None:
     with pytest.raises(ValidationError, match="min_tokens"):
         CompletionRequest.model_validate({"model": "m", "prompt": "0", "min_tokens": 2**31})
+
+
+@pytest.mark.parametrize("fields", [{}, {"prompt": None}, {"prompt": ""}, {"prompt": None, "prompt_embeds": []}])
+def test_a_completion_without_a_prompt_gets_vllms_message(fields: dict[str, object]) -> None:
+    # vLLM's CompletionRequest.validate_prompt_and_prompt_embeds (its tests match the text).
+    with pytest.raises(ValidationError, match="Either prompt or prompt_embeds must be provided and non-empty."):
+        CompletionRequest.model_validate({"model": "m", **fields})

@@ -151,6 +151,20 @@ async def test_continuous_usage_stats_count_the_tokens_streamed_so_far() -> None
     ]
 
 
+async def test_continuous_usage_stats_on_chat_start_at_the_role_chunk_and_count_per_choice() -> None:
+    # vLLM's chat stream (--enable-force-include-usage or continuous_usage_stats): the role
+    # chunk has usage with 0 completion tokens; each later chunk counts its own choice's
+    # tokens (previous_num_tokens[i]); the final usage sums them.
+    payloads = await stream(
+        ScriptedPipeline(TWO_SEQUENCES),
+        stream_format(chat=True, include_usage=True, continuous_usage_stats=True),
+        n=2,
+    )
+    counts = [(c["choices"][0]["index"] if c["choices"] else None, c["usage"]) for c in payloads[:-1]]
+    running = [(index, u["completion_tokens"], u["total_tokens"] - u["prompt_tokens"]) for index, u in counts]
+    assert running == [(0, 0, 0), (0, 1, 1), (1, 1, 1), (0, 2, 2), (1, 2, 2), (None, 4, 4)]
+
+
 async def test_continuous_usage_stats_without_include_usage_send_no_usage() -> None:
     # As vLLM: continuous_usage_stats only adds to include_usage, it does not imply it.
     events: list[SequenceEvent | Finished] = [
