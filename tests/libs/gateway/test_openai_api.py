@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -165,8 +167,11 @@ def test_min_tokens_stays_within_what_the_contract_carries() -> None:
         CompletionRequest.model_validate({"model": "m", "prompt": "0", "min_tokens": 2**31})
 
 
-@pytest.mark.parametrize("fields", [{}, {"prompt": None}, {"prompt": ""}, {"prompt": None, "prompt_embeds": []}])
+@pytest.mark.parametrize(
+    "fields", [{}, {"prompt": None}, {"prompt": ""}, {"prompt": None, "prompt_embeds": []}]
+)
 def test_a_completion_without_a_prompt_gets_vllms_message(fields: dict[str, object]) -> None:
     # vLLM's CompletionRequest.validate_prompt_and_prompt_embeds (its tests match the text).
-    with pytest.raises(ValidationError, match="Either prompt or prompt_embeds must be provided and non-empty."):
+    message = re.escape("Either prompt or prompt_embeds must be provided and non-empty.")
+    with pytest.raises(ValidationError, match=message):
         CompletionRequest.model_validate({"model": "m", **fields})
