@@ -45,6 +45,9 @@ class GatewayParts:
     # The workers' --max-logprobs as reported (-1 = the vocabulary; None = vLLM's default).
     max_logprobs: int | None = None
     vocab_size: int | None = None
+    # The workers' model is a vision-language model (WorkerInfo.takes_images): without an
+    # encoder service they encode a prompt's images themselves.
+    takes_images: bool = False
 
 
 async def assemble(
@@ -119,6 +122,7 @@ async def assemble(
         default_max_tokens,
         max_logprobs=info.max_logprobs if info.HasField("max_logprobs") else None,
         vocab_size=info.vocab_size or None,
+        takes_images=info.takes_images,
     )
 
 

@@ -25,6 +25,13 @@ class GenerationSpec:
     include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or token's text
     # The encoder's embeddings, one per image placeholder of the prompt (libs/gateway/images.py).
     image_embeddings: tuple[common_pb2.Tensor, ...] = ()
+    # Without an encoder: the image files themselves, one per placeholder, for a worker whose
+    # engine encodes them (a vision-language model in mode pd or XpYd).
+    images: tuple[bytes, ...] = ()
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.image_embeddings or self.images)
 
     def metadata(self) -> common_pb2.RequestMetadata:
         """What every worker call of this request carries."""

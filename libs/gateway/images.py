@@ -1,12 +1,18 @@
-"""Image parts of chat messages -> the encoder service's embeddings (modes xEyPD, xEyPzD).
+"""Image parts of chat messages -> the encoder service's embeddings (modes xEyPD, xEyPzD),
+or, with no encoder and a vision-language model (modes pd, XpYd), the image files for the
+workers' engines to encode (vLLM's in-engine path).
 
-The gateway does not decode images: it sends each `image_url` as the client wrote it to the
-encoder, which fetches (where allowed), checks, caches and encodes; its INVALID_ARGUMENT (a
-bad image, with what is wrong) is the client's 400 and never counts against a worker.
+With an encoder the gateway does not touch images: it sends each `image_url` as the client
+wrote it to the encoder, which fetches (where allowed), checks, caches and encodes; its
+INVALID_ARGUMENT (a bad image, with what is wrong) is the client's 400 and never counts
+against a worker. Without one the gateway reads the files (data: URLs, http(s) where allowed,
+the encoder's code and limits) and the worker decodes them with the encoder's checks, so a
+bad image is the same 400 either way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import time
@@ -20,6 +26,8 @@ from prometheus_client import Counter
 
 from cleave.common.v1 import common_pb2
 from cleave.encoder.v1 import encoder_pb2, encoder_pb2_grpc
+from libs.encoder.errors import ImageError
+from libs.encoder.images import ImageLimits, content_hash, image_bytes
 from libs.gateway import deadline, errors
 from libs.gateway.metrics import STAGE_SECONDS
 from libs.gateway.openai_api import ChatCompletionRequest
@@ -30,13 +38,14 @@ log = structlog.get_logger(__name__)
 
 IMAGES = Counter(
     "cleave_gateway_images_total",
-    "Images of chat requests by the encoder's answer: cached (its embedding cache) or encoded",
+    "Images of chat requests by who encodes them: the encoder (cached: from its embedding "
+    "cache, or encoded) or, without an encoder, the workers' engines (engine)",
     ["source"],
 )
 
 TEXT_ONLY = (
     "image content parts are not supported: this server serves a text-only model (no vision "
-    "encoder; start it in an xEyPD or xEyPzD mode with a vision-language model)"
+    "encoder; serve a vision-language model, or start an xEyPD or xEyPzD mode with one)"
 )
 
 
@@ -76,8 +85,32 @@ def image_cache_salt(client_salt: str, embeddings: Sequence[encoder_pb2.ImageEmb
     the expanded prompt without the images: the same token ids for every image, so without
     this its prefix cache would take one image's KV for another's (vLLM folds cache_salt
     into the first block's hash)."""
-    images = hashlib.sha256("".join(e.content_hash for e in embeddings).encode()).hexdigest()
+    return _salt(client_salt, [e.content_hash for e in embeddings])
+
+
+def image_files_salt(client_salt: str, files: Sequence[bytes]) -> str:
+    """image_cache_salt for image files sent to the workers: the same content hashes (a
+    colocated engine keys its cache by the images itself; a decode worker after a handoff
+    gets only the expanded prompt)."""
+    return _salt(client_salt, [content_hash(data) for data in files])
+
+
+def _salt(client_salt: str, hashes: Sequence[str]) -> str:
+    images = hashlib.sha256("".join(hashes).encode()).hexdigest()
     return f"{client_salt}|images:{images}" if client_salt else f"images:{images}"
+
+
+async def image_files(body: ChatCompletionRequest, limits: ImageLimits) -> list[bytes]:
+    """The conversation's image files, read from their URLs within `limits` (a fetch is
+    blocking I/O: off the event loop); a URL that cannot be read is the client's 400."""
+    files = []
+    for url in image_urls(body):
+        try:
+            files.append(await asyncio.to_thread(image_bytes, url, limits))
+        except ImageError as error:
+            raise errors.invalid(str(error), "messages") from error
+    IMAGES.labels("engine").inc(len(files))
+    return files
 
 
 async def encoded_images(

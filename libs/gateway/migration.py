@@ -96,7 +96,9 @@ class Migration:
         self._limit = limit
         # A prompt with images whose KV came from a prefill worker: the request holds the
         # expanded prompt and no embeddings, so another worker could not recompute it.
-        self._images = images and original.HasField("handoff") and not original.image_embeddings
+        self._images = (
+            images and original.HasField("handoff") and not (original.image_embeddings or original.images)
+        )
         self._generated: list[int] = []
         self._failed: set[str] = set()
         self.migrations = 0

@@ -151,8 +151,8 @@ class Pipeline:
                 async for event in self._generate(spec, decode, None):
                     yield event
                 return
-            if spec.image_embeddings:
-                # Images: always the prefill worker (it has the embeddings; decode takes none).
+            if spec.has_images:
+                # Images: always the prefill worker (it has the images; decode takes none).
                 # The kvstore keys KV by token ids alone, and every image's placeholders are
                 # the same ids, so it is neither asked nor skipped to.
                 async for event in self._prefill_then_generate(spec, decode):
@@ -233,6 +233,7 @@ class Pipeline:
             prompt_token_ids=spec.prompt_token_ids,
             sampling=spec.sampling,
             image_embeddings=spec.image_embeddings,
+            images=spec.images,
         )
         tried: set[str] = set()
         for attempt in range(self._prefill_attempts):
@@ -288,9 +289,10 @@ class Pipeline:
             request.sampling.ClearField("prompt_logprobs")
         if handoff is not None and handoff.transport:
             request.handoff.CopyFrom(handoff)
-        elif spec.image_embeddings:
+        elif spec.has_images:
             # Computing the prompt here: this worker needs the images too.
             request.image_embeddings.extend(spec.image_embeddings)
+            request.images.extend(spec.images)
         detokenizers = {
             i: self._detokenizer(
                 request_id=spec.request_id,
@@ -305,7 +307,7 @@ class Pipeline:
         progress = _Progress(detokenizers, set(detokenizers), prompt_logprobs=prompt_logprobs)
         # A worker failing after tokens were sent hands the request on (libs/gateway/migration.py):
         # the next worker continues it with the same detokenizers and counts.
-        migration = Migration(request, limit=self._migration_limit, images=bool(spec.image_embeddings))
+        migration = Migration(request, limit=self._migration_limit, images=spec.has_images)
         first_endpoint = endpoint
         try:
             # Holds the admission slot of each worker the request moves to, to its end.

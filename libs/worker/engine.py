@@ -49,6 +49,7 @@ class EngineStep:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     # The prompt as the engine ran it, only on the first step of a prompt with images: its
     # image placeholders expanded to one token per embedding (a decode worker needs these ids).
+    # The same whether the images came as embeddings or as pixels the engine encoded.
     prompt_token_ids: tuple[int, ...] | None = None
 
 
@@ -64,6 +65,8 @@ class EngineInfo:
     # Sampling defaults for fields a request leaves unset: with `--generation-config auto`
     # the model's generation_config.json (vLLM's get_diff_sampling_param); empty with "vllm".
     sampling_defaults: Mapping[str, float] = field(default_factory=dict)
+    # A vision-language model: generate() takes `images` (the engine runs the vision tower).
+    takes_images: bool = False
 
 
 @dataclass
@@ -96,11 +99,13 @@ class Engine(Protocol):
         *,
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         """`cache_salt` (non-empty) separates this prompt's prefix-cache entries from those of
         requests without the same salt (vLLM's cache_salt). `image_embeddings`: one
         [num_image_tokens, hidden_size] tensor per image placeholder of the prompt, in order
-        (the encoder service's output)."""
+        (the encoder service's output). `images`: instead, one decoded PIL image per
+        placeholder, which the engine preprocesses and encodes itself (no encoder service)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -29,6 +29,7 @@ from libs.worker.handoff import (
     params_from_handoff,
     trusted_hosts,
 )
+from libs.worker.images import decode_images
 from libs.worker.layout import check_layout, kv_layout
 from libs.worker.sampling import sampling_kwargs
 from libs.worker.speculative import spec_decode_stats
@@ -99,7 +100,8 @@ class WorkerService:
         # min_tokens holds back EOS and stop tokens for the first token here; more would be
         # more than this one token (vLLM refuses min_tokens > max_tokens).
         sampling["min_tokens"] = min(sampling["min_tokens"], 1)
-        images = self._image_embeddings(request.image_embeddings)
+        embeddings = self._image_embeddings(request.image_embeddings)
+        images = await self._images(request.images, embeddings)
         started = time.perf_counter()
         last = await self._run_to_end(
             request_id,
@@ -107,7 +109,8 @@ class WorkerService:
             sampling,
             PREFILL_PARAMS,
             cache_salt=request.metadata.cache_salt,
-            image_embeddings=images,
+            image_embeddings=embeddings,
+            images=images,
         )
         metrics.PREFILL_SECONDS.observe(time.perf_counter() - started)
         first = last.sequences[0]
@@ -167,7 +170,8 @@ class WorkerService:
         last: EngineStep | None = None
         prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
         prompt_logprobs_sent = False
-        images = self._image_embeddings(request.image_embeddings)
+        embeddings = self._image_embeddings(request.image_embeddings)
+        images = await self._images(request.images, embeddings)
         num_prompt_tokens = len(prompt)
         async for step in self._run(
             request_id,
@@ -175,7 +179,8 @@ class WorkerService:
             sampling,
             kv_params,
             cache_salt=request.metadata.cache_salt,
-            image_embeddings=images,
+            image_embeddings=embeddings,
+            images=images,
         ):
             last = step
             if step.prompt_token_ids is not None:
@@ -309,6 +314,7 @@ class WorkerService:
             device_group=self._config.device_group,
             default_max_tokens=_default_max_tokens(info.sampling_defaults),
             max_logprobs=self._config.max_logprobs,
+            takes_images=info.takes_images,
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -332,6 +338,7 @@ class WorkerService:
         *,
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         """Streams engine steps; if the caller goes away (cancellation), aborts the request."""
         if request_id in self._active:
@@ -346,6 +353,7 @@ class WorkerService:
                 kv_params,
                 cache_salt=cache_salt,
                 **({"image_embeddings": image_embeddings} if image_embeddings else {}),
+                **({"images": images} if images else {}),
             ):
                 finished = step.finished
                 yield step
@@ -366,17 +374,30 @@ class WorkerService:
         *,
         cache_salt: str,
         image_embeddings: Sequence[Any] = (),
+        images: Sequence[Any] = (),
     ) -> EngineStep:
         last: EngineStep | None = None
         prompt_token_ids: tuple[int, ...] | None = None
         async for step in self._run(
-            request_id, prompt, sampling, kv_params, cache_salt=cache_salt, image_embeddings=image_embeddings
+            request_id,
+            prompt,
+            sampling,
+            kv_params,
+            cache_salt=cache_salt,
+            image_embeddings=image_embeddings,
+            images=images,
         ):
             last = step
             prompt_token_ids = step.prompt_token_ids or prompt_token_ids
         if last is None or not last.sequences or not last.sequences[0].token_ids:
             raise RuntimeError("the engine finished a prefill without producing a token")
         return replace(last, prompt_token_ids=prompt_token_ids) if prompt_token_ids else last
+
+    async def _images(self, files: Sequence[bytes], embeddings: Sequence[Any]) -> list[Any]:
+        """The request's image files decoded for the engine's own vision tower (no encoder)."""
+        return await decode_images(
+            files, takes_images=self._engine.info.takes_images, with_embeddings=bool(embeddings)
+        )
 
     def _image_embeddings(self, tensors: Sequence[common_pb2.Tensor]) -> list[Any]:
         """The request's image embeddings as tensors; refused where vLLM would refuse them."""

@@ -69,6 +69,7 @@ class VllmEngine:
         *,
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         sampling = dict(sampling)
         bad_words = sampling.pop(BAD_WORDS_TOKEN_IDS, None)
@@ -101,10 +102,13 @@ class VllmEngine:
             # vLLM (enable_mm_embeds) takes a list of 2-D tensors as precomputed embeddings
             # and expands each image placeholder of the prompt to their length.
             prompt["multi_modal_data"] = {"image": list(image_embeddings)}
+        elif images:
+            # PIL images: vLLM's own processor and vision tower (its in-engine path).
+            prompt["multi_modal_data"] = {"image": list(images)}
         try:
             async for output in self._engine.generate(prompt, params, request_id):
                 step = _to_step(output, include_prompt_logprobs=first)
-                if first and image_embeddings:
+                if first and (image_embeddings or images):
                     step = replace(step, prompt_token_ids=tuple(output.prompt_token_ids or ()))
                 yield step
                 first = False
@@ -198,6 +202,7 @@ def _engine_info(engine: AsyncLLM) -> EngineInfo:
         engine_id=kv_transfer.engine_id if kv_transfer is not None else "",
         engine_version=f"vllm {_vllm_version()} {config.device_config.device_type}",
         sampling_defaults=model_config.get_diff_sampling_param(),
+        takes_images=bool(model_config.is_multimodal_model),
     )
 
 

@@ -17,11 +17,12 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
+from libs.encoder.limits import ImageLimits
 from libs.gateway import batch_chat, errors, responses, tokenize_api
 from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
 from libs.gateway.edge import HttpEdge
 from libs.gateway.extensions import bad_words_token_ids
-from libs.gateway.images import encoded_images, image_cache_salt
+from libs.gateway.images import encoded_images, image_cache_salt, image_files, image_files_salt
 from libs.gateway.logprob_limits import apply_max_logprobs, engine_max_logprobs
 from libs.gateway.openai_api import (
     INT32_MAX,
@@ -65,6 +66,9 @@ class GatewayState:
     vocab_size: int | None = None  # GatewayParts.vocab_size: what a request's -1 logprobs ask for
     # The vision encoder (modes xEyPD / xEyPzD); None: a text-only server, image parts are 400s.
     encoder: Any = None  # an EncoderStub (or libs/gateway/images.py's round robin of them)
+    # No encoder and a vision-language model: image files go to the workers, read with these
+    # limits (the engine runs the vision tower). None (and no encoder): image parts are 400s.
+    worker_images: ImageLimits | None = None
 
     def check_logprobs(self, body: ChatCompletionRequest | CompletionRequest) -> None:
         """The workers' --max-logprobs, before anything builds their contract."""
@@ -76,7 +80,15 @@ async def _with_images(
     state: GatewayState, body: ChatCompletionRequest, spec: GenerationSpec
 ) -> GenerationSpec:
     """The spec with the encoder's embeddings of the conversation's images (if any), and
-    their content hashes in the cache salt (libs/gateway/images.py)."""
+    their content hashes in the cache salt (libs/gateway/images.py). Without an encoder but
+    with a vision-language model: the image files, for the workers' engines to encode."""
+    if state.encoder is None and state.worker_images is not None:
+        files = await image_files(body, state.worker_images)
+        if not files:
+            return spec
+        return dataclasses.replace(
+            spec, images=tuple(files), cache_salt=image_files_salt(spec.cache_salt, files)
+        )
     encoded = await encoded_images(state.encoder, body, spec.request_id)
     if not encoded:
         return spec

@@ -22,6 +22,7 @@ from pathlib import Path
 import uvicorn
 
 from libs.config.errors import ConfigError
+from libs.encoder.limits import ImageLimits
 from libs.gateway.assembly import assemble
 from libs.gateway.deadline import RequestDeadline
 from libs.gateway.edge import HttpEdge
@@ -101,6 +102,12 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             vocab_size=parts.vocab_size,
             enable_auto_tool_choice=config.enable_auto_tool_choice,
             encoder=encoder_stub(addresses.encoders, security),
+            # No encoder, a vision-language model: the workers' engines encode the images.
+            worker_images=(
+                ImageLimits(allow_http=config.allow_image_urls, http_timeout_s=config.image_fetch_timeout_s)
+                if parts.takes_images and not addresses.encoders
+                else None
+            ),
         )
         app = create_app(state, edge)
         # Outermost: a request's deadline starts when it arrives (libs/gateway/deadline.py).

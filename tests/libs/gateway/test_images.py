@@ -1,9 +1,11 @@
 """The gateway's image step: URLs in message order to the encoder, its answers mapped to
-the API's errors (a bad image: 400 with the encoder's message; an encoder down: 503)."""
+the API's errors (a bad image: 400 with the encoder's message; an encoder down: 503); without
+an encoder, the files read from the URLs with the encoder's limits (bad ones: 400)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import grpc
@@ -12,8 +14,16 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.encoder.v1 import encoder_pb2
+from libs.encoder.images import ImageLimits, content_hash
 from libs.gateway import errors
-from libs.gateway.images import TEXT_ONLY, encode_images, image_cache_salt, image_urls
+from libs.gateway.images import (
+    TEXT_ONLY,
+    encode_images,
+    image_cache_salt,
+    image_files,
+    image_files_salt,
+    image_urls,
+)
 from libs.gateway.openai_api import ChatCompletionRequest
 
 
@@ -89,3 +99,36 @@ def test_cache_salt_carries_the_images() -> None:
     assert image_cache_salt("", [a, b]) != image_cache_salt("", [b, a])
     assert image_cache_salt("client", [a]).startswith("client|images:")
     assert image_cache_salt("", [a]) == image_cache_salt("", [a])
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def test_without_an_encoder_the_files_in_order() -> None:
+    conversation = body(
+        {"role": "user", "content": [image(data_url(b"one")), image(data_url(b"two"))]},
+        {"role": "user", "content": [image(data_url(b"three"))]},
+    )
+    assert asyncio.run(image_files(conversation, ImageLimits())) == [b"one", b"two", b"three"]
+    assert asyncio.run(image_files(body({"role": "user", "content": "hi"}), ImageLimits())) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "limits", "needle"),
+    [
+        ("http://127.0.0.1:9/cat.png", ImageLimits(), "disabled on this server"),
+        ("data:image/png;base64,%%%", ImageLimits(), "base64 data is invalid"),
+        (data_url(b"x" * 64), ImageLimits(max_bytes=16), "larger than this server's limit of 16 bytes"),
+    ],
+)
+def test_without_an_encoder_unreadable_urls_are_400s(url: str, limits: ImageLimits, needle: str) -> None:
+    with pytest.raises(errors.ApiError) as raised:
+        asyncio.run(image_files(body({"role": "user", "content": [image(url)]}), limits))
+    assert raised.value.status == 400 and needle in str(raised.value.message)
+
+
+def test_files_salt_is_the_encoders_salt_of_the_same_images() -> None:
+    embedding = encoder_pb2.ImageEmbedding(content_hash=content_hash(b"one"))
+    assert image_files_salt("c", [b"one"]) == image_cache_salt("c", [embedding])
+    assert image_files_salt("", [b"one"]) != image_files_salt("", [b"two"])

@@ -1,6 +1,7 @@
 """Prompts with images through the pipeline over fake workers: prefill gets the encoder's
-embeddings, decode gets the prompt as prefill expanded it and no embeddings; a colocated
-worker gets the embeddings; the kvstore is not consulted (its keys are token ids alone)."""
+embeddings (or, without an encoder, the image files), decode gets the prompt as prefill
+expanded it and no images; a colocated worker gets them; the kvstore is not consulted (its
+keys are token ids alone)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class ImageWorker(FakeWorker):
         super().__init__(tokens)
         self.prefill_images: list[int] = []
         self.generate_images: list[int] = []
+        self.prefill_files: list[int] = []
+        self.generate_files: list[int] = []
         self.generate_prompts: list[list[int]] = []
 
     async def Prefill(
@@ -35,7 +38,8 @@ class ImageWorker(FakeWorker):
     ) -> worker_pb2.PrefillResponse:
         response = await super().Prefill(request, context)
         self.prefill_images.append(len(request.image_embeddings))
-        if request.image_embeddings:
+        self.prefill_files.append(len(request.images))
+        if request.image_embeddings or request.images:
             response.prompt_token_ids.extend(expand(request.prompt_token_ids))
         return response
 
@@ -43,6 +47,7 @@ class ImageWorker(FakeWorker):
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         self.generate_images.append(len(request.image_embeddings))
+        self.generate_files.append(len(request.images))
         self.generate_prompts.append(list(request.prompt_token_ids))
         async for response in super().Generate(request, context):
             yield response
@@ -58,6 +63,12 @@ def image_spec(tokenizer: Tokenizer) -> GenerationSpec:
     return replace(
         base, prompt_token_ids=[*base.prompt_token_ids, 7], image_embeddings=(embedding, embedding)
     )
+
+
+def file_spec(tokenizer: Tokenizer) -> GenerationSpec:
+    """No encoder: the image files themselves (the workers' engines encode them)."""
+    base = spec(tokenizer)
+    return replace(base, prompt_token_ids=[*base.prompt_token_ids, 7], images=(b"png-1", b"png-2"))
 
 
 class CountingLookup:
@@ -113,3 +124,41 @@ def test_image_requests_prefilled_elsewhere_are_not_migrated() -> None:
     colocated = worker_pb2.GenerateRequest(prompt_token_ids=[1, 7], image_embeddings=[common_pb2.Tensor()])
     assert Migration(colocated, limit=2, images=True)._refusal() is None
     assert Migration(handed_off, limit=2)._refusal() is None
+
+
+async def test_without_an_encoder_prefill_gets_the_files_decode_the_expanded_prompt(
+    stack: Stack,
+    tokenizer: Tokenizer,
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    prefill, decode = ImageWorker(tokens), ImageWorker(tokens)
+    lookup = CountingLookup()
+    pipeline, pool = await stack.pipeline({"prefill": [prefill], "decode": [decode]}, prefix_lookup=lookup)
+    request = file_spec(tokenizer)
+    text, _events, _finished = await run(pipeline, request)
+    await pool.close()
+    assert text == ANSWER
+    assert prefill.prefill_files == [2] and prefill.prefill_images == [0]
+    assert decode.generate_files == [0] and decode.generate_had_handoff == [True]
+    assert decode.generate_prompts == [expand(request.prompt_token_ids)]
+    assert lookup.calls == 0
+
+
+async def test_without_an_encoder_the_colocated_worker_gets_the_files(
+    stack: Stack,
+    tokenizer: Tokenizer,
+) -> None:
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    worker = ImageWorker(tokens)
+    pipeline, pool = await stack.pipeline({"both": [worker]})
+    request = file_spec(tokenizer)
+    text, _events, _finished = await run(pipeline, request)
+    await pool.close()
+    assert text == ANSWER
+    assert worker.generate_files == [2] and worker.generate_images == [0]
+    handed_off = worker_pb2.GenerateRequest(
+        prompt_token_ids=[1, 7, 7, 7], handoff=worker_pb2.KvHandoff(transport="nixl")
+    )
+    # As with embeddings: a colocated request with its files can be recomputed elsewhere.
+    assert Migration(worker_pb2.GenerateRequest(images=[b"png"]), limit=2, images=True)._refusal() is None
+    assert Migration(handed_off, limit=2, images=True)._refusal() is not None

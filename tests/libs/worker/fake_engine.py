@@ -57,6 +57,7 @@ class FakeEngine:
         *,
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         self.calls.append(
             {
@@ -65,10 +66,16 @@ class FakeEngine:
                 "kv": kv_transfer_params,
                 "cache_salt": cache_salt,
                 "image_embeddings": list(image_embeddings),
+                "images": list(images),
             }
         )
         # As vLLM expands each image placeholder: here one token 0 per embedding row, appended.
-        expanded = (*prompt_token_ids, *(0 for e in image_embeddings for _ in range(len(e))))
+        # Pixels (PIL images): 4 tokens each, the fake's "vision tower".
+        expanded = (
+            *prompt_token_ids,
+            *(0 for e in image_embeddings for _ in range(len(e))),
+            *(0 for _ in images for _ in range(4)),
+        )
         self.running.add(request_id)
         external = (
             len(prompt_token_ids) if kv_transfer_params and kv_transfer_params.get("do_remote_prefill") else 0
@@ -116,7 +123,7 @@ class FakeEngine:
                     num_cached_tokens=external,
                     kv_transfer_params=params,
                     prompt_logprobs=_prompt_logprobs(prompt_token_ids, sampling) if position == 0 else None,
-                    prompt_token_ids=expanded if position == 0 and image_embeddings else None,
+                    prompt_token_ids=expanded if position == 0 and (image_embeddings or images) else None,
                 )
                 if last:
                     self._stats.requests_finished += 1

@@ -69,6 +69,7 @@ class RefusingEngine(FakeEngine):
         *,
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         async def refuse() -> AsyncIterator[EngineStep]:
             if sampling.get("logprobs", 0) > 20:

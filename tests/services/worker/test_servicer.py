@@ -43,6 +43,7 @@ class FailingEngine(FakeEngine):
         *,
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
         inner = super().generate(
             request_id, prompt_token_ids, sampling, kv_transfer_params, cache_salt=cache_salt
