@@ -95,8 +95,17 @@ class WorkerConfig(
         "'auto' = the one Cleave ships, 'none' = vLLM's default (libgomp)",
     )
     # Not flags: fixed for every Cleave worker.
-    enforce_eager: bool = True
     seed: int = 0
+
+    @property
+    def enforce_eager(self) -> bool:
+        """Eager on CPU only. vLLM's CPU default compiles the model with inductor at start-up,
+        which needs a C++ compiler (the images ship none) and minutes per engine on a small
+        machine. On CUDA the compiled mode with CUDA graphs is vLLM's default and what
+        `--*-max-seq-len-to-capture` (vLLM's max_cudagraph_capture_size) sizes; forcing eager
+        there would make that flag inert and cost GPU users the graphs. Cloud AI: the platform
+        plugin compiles ahead of time either way."""
+        return self.device is Device.CPU
 
     @property
     def model_path(self) -> Path:

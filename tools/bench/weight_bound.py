@@ -42,6 +42,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--decode-tokens", type=int, default=256, help="tokens timed after the first")
     parser.add_argument("--rounds", type=int, default=3, help="decode timings (each with a first-token run)")
     parser.add_argument("--skip-decode", action="store_true", help="bandwidth only")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="run the engine with torch.compile (enforce_eager off) instead of the workers' eager mode",
+    )
     parser.add_argument("--out-dir", type=Path, required=True)
     return parser.parse_args(argv)
 
@@ -112,7 +117,9 @@ def _dtype_bytes(dtype: str) -> int:
     return {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I32": 4, "I64": 8}[dtype]
 
 
-def decode_rate(model: Path, core: int, tokens: int, rounds: int) -> dict[str, Any]:
+def decode_rate(
+    model: Path, core: int, tokens: int, rounds: int, *, compiled: bool = False
+) -> dict[str, Any]:
     """Batch-1 decode tok/s of the Cleave worker's engine on `core`."""
     from libs.config.flags import parse
     from libs.worker.config import WorkerConfig
@@ -122,6 +129,8 @@ def decode_rate(model: Path, core: int, tokens: int, rounds: int) -> dict[str, A
     os.environ.update(engine_environment(config, os.sched_getaffinity(0)))
     kwargs = engine_kwargs(config)
     kwargs["disable_log_stats"] = True  # no stat logger here; not on the decode path
+    if compiled:
+        kwargs["enforce_eager"] = False
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -206,7 +215,9 @@ def main(argv: Sequence[str]) -> int:
     }
     print(report(result), file=sys.stderr, flush=True)
     if not args.skip_decode:
-        result["decode"] = decode_rate(model, args.core, args.decode_tokens, args.rounds)
+        result["decode"] = decode_rate(
+            model, args.core, args.decode_tokens, args.rounds, compiled=args.compiled
+        )
         result["bounds"] = {}
         for label in result["bandwidth"]:
             best = max(

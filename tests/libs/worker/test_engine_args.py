@@ -48,6 +48,14 @@ def test_engine_takes_token_ids_and_reports_stats() -> None:
     assert kwargs["dtype"] == "bfloat16"
 
 
+def test_only_cpu_workers_run_eager_so_cuda_keeps_its_graphs() -> None:
+    assert engine_kwargs(config())["enforce_eager"] is True
+    cuda = engine_kwargs(config(device=Device.CUDA, max_seq_len_to_capture=256))
+    # Eager would leave max_cudagraph_capture_size without effect.
+    assert cuda["enforce_eager"] is False
+    assert cuda["max_cudagraph_capture_size"] == 256
+
+
 def test_qaic_overrides_and_device_group_pass_through_additional_config() -> None:
     kwargs = engine_kwargs(
         config(device=Device.QAIC, device_group=(0, 1), override_qaic_config=(("aic_num_cores", "16"),))
