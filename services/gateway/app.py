@@ -60,6 +60,7 @@ class GatewayState:
     tokenizer: tokenizer_pb2_grpc.TokenizerStub
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     force_include_usage: bool = False  # --enable-force-include-usage
+    return_tokens_as_token_ids: bool = False  # --return-tokens-as-token-ids: the requests' default
     default_max_tokens: int | None = None  # GatewayParts.default_max_tokens
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice (libs/gateway/tools.py)
     max_logprobs: int | None = None  # GatewayParts.max_logprobs (libs/gateway/logprob_limits.py)
@@ -200,7 +201,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
             generation,
             model=state.served_model,
             top_logprobs=top_logprobs,
-            token_text=_token_text(body, texts),
+            token_text=_token_text(state, body, texts),
             tools=calling,
             extras=chat_extras(body, spec.prompt_token_ids, rendered.prompt),
             prompt_texts=texts.token_texts,
@@ -260,7 +261,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
                 echo=body.echo,
                 texts=texts,
                 return_token_ids=bool(body.return_token_ids),
-                token_text=_token_text(body, texts),
+                token_text=_token_text(state, body, texts),
                 response_id=body.request_id,
             )
         )
@@ -342,9 +343,13 @@ def _prompt_request_ids(request_id: str | None, prompts: int) -> list[str | None
     return [request_id] if prompts == 1 else [f"{request_id}-{i}" for i in range(prompts)]
 
 
-def _token_text(body: Any, texts: responses.TokenizerTexts) -> responses.TokenText:
-    """How logprobs name tokens: `token_id:<id>` with return_tokens_as_token_ids, else text."""
-    return token_id_labels if body.return_tokens_as_token_ids else texts.token_texts
+def _token_text(state: GatewayState, body: Any, texts: responses.TokenizerTexts) -> responses.TokenText:
+    """How logprobs name tokens: `token_id:<id>` with return_tokens_as_token_ids, else text.
+    A request that leaves it unset gets the server's --return-tokens-as-token-ids (vLLM's
+    `return_as_token_id if not None else self.return_tokens_as_token_ids`)."""
+    asked = body.return_tokens_as_token_ids
+    as_ids = state.return_tokens_as_token_ids if asked is None else asked
+    return token_id_labels if as_ids else texts.token_texts
 
 
 async def _bad_words(state: GatewayState, body: Any, specs: list[GenerationSpec]) -> None:
@@ -387,6 +392,6 @@ async def _stream(
         **(await _stream_echo(state, spec, body, chat=chat)),
     )
     texts = responses.TokenizerTexts(state.tokenizer)
-    token_texts = _token_text(body, texts) if body is not None else texts.token_texts
+    token_texts = _token_text(state, body, texts) if body is not None else texts.token_texts
     events = sse_events(generate, spec, fmt, token_texts, started_s=began)
     return StreamingResponse(events, media_type="text/event-stream")

@@ -164,6 +164,9 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     enable_force_include_usage: bool = flag(
         False, help="streams carry usage on every chunk and at the end, as if every request asked for it"
     )
+    return_tokens_as_token_ids: bool = flag(
+        False, help="logprobs name tokens as token_id:<id> unless a request sets return_tokens_as_token_ids"
+    )
     max_stop_strings: int = flag(
         request_limits.DEFAULT_MAX_STOP_STRINGS, codec=POSITIVE_INT, help="most stop strings per request"
     )

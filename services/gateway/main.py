@@ -97,6 +97,7 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             parts.tokenizer,
             prompt_tokens_details=config.enable_prompt_tokens_details,
             force_include_usage=config.enable_force_include_usage,
+            return_tokens_as_token_ids=config.return_tokens_as_token_ids,
             default_max_tokens=parts.default_max_tokens,
             max_logprobs=parts.max_logprobs,
             vocab_size=parts.vocab_size,

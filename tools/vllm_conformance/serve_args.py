@@ -27,7 +27,12 @@ _SAME_WITH_VALUE = frozenset(
     }
 )
 _SAME_SWITCHES = frozenset(
-    {"--enable-auto-tool-choice", "--enable-force-include-usage", "--enable-prompt-tokens-details"}
+    {
+        "--enable-auto-tool-choice",
+        "--enable-force-include-usage",
+        "--enable-prompt-tokens-details",
+        "--return-tokens-as-token-ids",
+    }
 )
 # vLLM's flag -> the gateway's, both taking a value. pd workers take the decode settings.
 _RENAMED_WITH_VALUE = {"--max-num-seqs": "--decode-max-num-seqs"}

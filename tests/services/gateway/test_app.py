@@ -16,9 +16,13 @@ from cleave.worker.v1 import worker_pb2
 from libs.gateway import errors
 from libs.gateway.auth import ApiKeys
 from libs.gateway.edge import HttpEdge
+from libs.gateway.openai_api import CompletionRequest
 from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent
 from libs.gateway.pool import Endpoint
 from libs.gateway.request_limits import RequestLimits
+from libs.gateway.response_extras import token_id_labels
+from libs.gateway.responses import TokenizerTexts
+from services.gateway import app as app_module
 from services.gateway.app import GatewayState, create_app
 from tests.libs.gateway.fakes import FakeTokenizer, ScriptedPipeline
 
@@ -485,3 +489,21 @@ def test_the_force_include_usage_flag_overrides_what_a_stream_asked_for() -> Non
     # vLLM's should_include_usage under --enable-force-include-usage: both, whatever was asked.
     forced = _stream_options(asked, force_usage=True)
     assert forced.include_usage and forced.continuous_usage_stats
+
+
+@pytest.mark.parametrize(
+    ("server", "asked", "as_ids"), [(False, None, False), (True, None, True), (True, False, False)]
+)
+def test_return_tokens_as_token_ids_defaults_to_the_servers_flag(
+    server: bool, asked: bool | None, as_ids: bool
+) -> None:
+    # vLLM: the request's return_tokens_as_token_ids if set, else --return-tokens-as-token-ids.
+    pool: Any = Workers()
+    tokenizer: Any = FakeTokenizer()
+    pipeline: Any = ScriptedPipeline(EVENTS)
+    state = GatewayState("m", 32, pipeline, pool, tokenizer, return_tokens_as_token_ids=server)
+    body = CompletionRequest.model_validate(
+        {"model": "m", "prompt": "x", "return_tokens_as_token_ids": asked}
+    )
+    texts = TokenizerTexts(tokenizer)
+    assert (app_module._token_text(state, body, texts) is token_id_labels) is as_ids
