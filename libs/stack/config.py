@@ -49,9 +49,11 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags, ToolParserFlags, ChatTe
     # --encode-max-num-seqs as the other roles' (the engine-only role flags are not used).
     encode: StackRole = group("encode", factory=StackRole)
     allow_image_urls: bool = flag(
-        False, help="local stack: encoders fetch http(s) image URLs (off: data: URLs only)"
+        False,
+        help="fetch http(s) image URLs: the local stack's encoders, or the gateway itself when no "
+        "encoder serves (the workers encode images in-engine); off: data: URLs only",
     )
-    image_fetch_timeout_s: float = flag(10.0, codec=FLOAT, help="local stack: time limit of one image fetch")
+    image_fetch_timeout_s: float = flag(10.0, codec=FLOAT, help="time limit of one image fetch")
     allow_device_overlap: bool = flag(False, help="let prefill and decode share devices")
     startup_timeout_s: float = flag(900.0, codec=FLOAT, help="local stack: seconds to wait for every service")
     # Fleet-wide prefix KV: a running kvstore's address for the local stack's workers, or

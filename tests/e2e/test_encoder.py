@@ -2,7 +2,15 @@
 generated at test time, float32): greedy output of image+text chats through the encoder
 service equals vLLM's in-engine path (the engine runs the vision tower on the images
 itself); a repeated image comes from the encoder's cache; bad images are 400s that say what
-is wrong, and the encoder keeps serving."""
+is wrong, and the encoder keeps serving.
+
+The workers (prefill and decode in 1e1p1d, the colocated one in 1e1pd) load a copy of the
+model whose vision tower and connector weights are NaN (tests/e2e/vlm_stack.py); only the
+encoder has the real ones. Output token-identical to vLLM's in-engine path on the real
+weights therefore also shows that the workers take embeddings and never run the tower. NOT
+YET CHECKED that this proof can fail (vLLM's in-engine path on the NaN copy should answer
+differently: run tests.e2e.reference_vlm on the NaN folder); mode pd (no encoder) runs the
+real weights in-engine and is compared with the same reference."""
 
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +32,11 @@ import httpx
 import pytest
 from PIL import Image
 
-from libs.config.flags import parse
+from libs.models.fingerprint import model_fingerprint
 from libs.models.tiny_vlm import make_tiny_vlm
-from services.gateway.config import GatewayConfig
-from tests.e2e.harness import Service, child_env, log_dir, start
+from tests.e2e.harness import child_env, log_dir, start
 from tests.e2e.stack import stop_gateway_stack
+from tests.e2e.vlm_stack import launch_with_worker_model, nan_vision_copy, stack_config, start_gateway
 from tests.fixtures.smollm2 import save_smollm2_tokenizer
 
 MAX_TOKENS = 12
@@ -84,11 +92,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"), tokenizer)
 
 
-def start_stack(mode: str, model_dir: Path, cache_dir: Path, *extra: str) -> tuple[Service, str]:
-    flags = [*extra, "--mode", mode, "--port", "0", "--model", str(model_dir), "--dtype", "float32",
-             "--max-model-len", "2048", "--cache-dir", str(cache_dir)]  # fmt: skip
-    service = start(f"gateway-{mode}", "services.gateway.main", parse(GatewayConfig, flags))
-    return service, service.wait_http_ready(900)
+@pytest.fixture(scope="module")
+def nan_vision_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The workers' copy: vision tower and connector NaN. Its fingerprint is the real
+    model's (same config and weight files): the stack's KV-compatibility identity is the
+    language model's, which is the same, so no check between services refuses it."""
+    copy = nan_vision_copy(model_dir, tmp_path_factory.mktemp("tiny-vlm-nan-vision"))
+    assert model_fingerprint(copy, "idefics3") == model_fingerprint(model_dir, "idefics3")
+    return copy
 
 
 def chat(gateway: str, messages: list[dict[str, Any]]) -> httpx.Response:
@@ -108,20 +119,35 @@ def metric(gateway: str, name: str, label: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def stacks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    started: list[Service] = []
+def stacks(
+    model_dir: Path, nan_vision_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """The local stacks of `--mode 1e1p1d` and `--mode 1e1pd` (the gateway's own launcher),
+    their workers on the NaN-vision copy, each served by a gateway given their addresses;
+    and `--mode pd` (no encoder: the colocated worker's engine encodes the images, with the
+    real weights), started by its gateway."""
+    stops: list[Callable[[], None]] = []
     urls: dict[str, str] = {}
     try:
         # 1e1p1d's encoder fetches http(s) image URLs (1 s limit); 1e1pd's refuses them.
         extra = {"1e1p1d": ("--allow-image-urls", "--image-fetch-timeout-s", "1"), "1e1pd": ()}
         for mode in ("1e1p1d", "1e1pd"):
-            service, base = start_stack(mode, model_dir, tmp_path_factory.mktemp(mode), *extra[mode])
-            started.append(service)
-            urls[mode] = base
+            config = stack_config(mode, model_dir, tmp_path_factory.mktemp(mode), *extra[mode])
+            stack, addresses = launch_with_worker_model(config, nan_vision_model)
+            stops.append(stack.stop)
+            gateway, urls[mode] = start_gateway(f"gateway-{mode}", config, addresses)
+            stops.append(gateway.stop)
+        service = start(
+            "gateway-pd",
+            "services.gateway.main",
+            stack_config("pd", model_dir, tmp_path_factory.mktemp("pd")),
+        )
+        stops.append(lambda: stop_gateway_stack(service))
+        urls["pd"] = service.wait_http_ready(900)
         yield urls
     finally:
-        for service in started:
-            stop_gateway_stack(service)
+        for stop in reversed(stops):
+            stop()
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +176,7 @@ def reference(model_dir: Path, stacks: dict[str, str]) -> list[list[int]]:
     return list(json.loads((folder / "vlm_reference.json").read_text()))
 
 
-@pytest.mark.parametrize("mode", ["1e1p1d", "1e1pd"])
+@pytest.mark.parametrize("mode", ["1e1p1d", "1e1pd", "pd"])
 def test_greedy_output_equals_vllm_in_engine_vision(
     mode: str, stacks: dict[str, str], reference: list[list[int]]
 ) -> None:
@@ -164,9 +190,11 @@ def test_greedy_output_equals_vllm_in_engine_vision(
     # Every case after the first repeats an image (A, B, C, D, E appear again): cache hits.
     cached = metric(gateway, "cleave_gateway_images_total", "cached")
     encoded = metric(gateway, "cleave_gateway_images_total", "encoded")
+    engine = metric(gateway, "cleave_gateway_images_total", "engine")
     print(f"{mode}: {len(CASES)} prompts identical to vLLM's in-engine path; images encoded {encoded:.0f}, "
-          f"from the encoder cache {cached:.0f}; model {model}")  # fmt: skip
-    assert (encoded, cached) == (5, 7)
+          f"from the encoder cache {cached:.0f}, by the worker's engine {engine:.0f}; model {model}")  # fmt: skip
+    # pd has no encoder: all 12 images go to the worker's engine (vLLM's own cache).
+    assert (encoded, cached, engine) == ((0, 0, 12) if mode == "pd" else (5, 7, 0))
 
 
 BAD = [
@@ -200,7 +228,12 @@ def slow_image_server() -> Iterator[str]:
 
 
 def test_image_urls_disabled_or_timing_out_are_400s(stacks: dict[str, str], slow_image_server: str) -> None:
-    for mode, needle in (("1e1pd", "disabled on this server"), ("1e1p1d", "timed out after 1 s")):
+    cases = (
+        ("1e1pd", "disabled on this server"),
+        ("1e1p1d", "timed out after 1 s"),
+        ("pd", "disabled on this server"),
+    )
+    for mode, needle in cases:
         messages = [
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": slow_image_server}}]}
         ]
@@ -210,8 +243,10 @@ def test_image_urls_disabled_or_timing_out_are_400s(stacks: dict[str, str], slow
         print(f"{mode} 400: {response.json()['error']['message']}")
 
 
-def test_bad_images_are_400s_and_the_encoder_keeps_serving(stacks: dict[str, str]) -> None:
-    gateway = stacks["1e1p1d"]
+@pytest.mark.parametrize("mode", ["1e1p1d", "pd"])
+def test_bad_images_are_400s_and_the_encoder_keeps_serving(mode: str, stacks: dict[str, str]) -> None:
+    """The encoder's checks, and in pd (no encoder) the same checks in the worker."""
+    gateway = stacks[mode]
     huge = Image.new("1", (20_000, 20_000))
     out = io.BytesIO()
     huge.save(out, format="PNG")  # a few kB on the wire, 1.2 GB as RGB
