@@ -6,10 +6,14 @@
 #
 #   tests/deploy/compose_smoke.sh [--compose-file deploy/compose/1p1d/docker-compose.yml]
 #       [--project cleave-smoke] [--port 8000] [--up-timeout 1200] [--keep]
-#       [--live-checks kill,scale]
+#       [--live-checks kill,scale] [--tiny-vlm] [--image-chat]
 #
 # --live-checks runs tests/deploy/compose_live_checks.py on the same stack after the chat
 # completion (1p1d and 2p1d): kill decode and recover; scale decode to 2 and back.
+# The encode stacks (1e1pd, 1e1p1d) serve $CLEAVE_VLM_MODEL; --tiny-vlm writes the encoder
+# tests' tiny random vision-language model (//tests/deploy:write_tiny_vlm, with ./bazel) into
+# the model volume as /models/tiny-vlm and serves that. --image-chat also sends a chat with a
+# data: URL PNG and checks that the gateway had the encoder encode it.
 # Images are taken with tag $CLEAVE_TAG (default latest). Every wait has a timeout; on any
 # failure the containers' state and their last log lines are printed before the teardown.
 set -euo pipefail
@@ -22,6 +26,8 @@ up_timeout=1200
 request_timeout=300
 keep=0
 live_checks=""
+tiny_vlm=0
+image_chat=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --compose-file) compose_file=$2; shift 2 ;;
@@ -30,7 +36,9 @@ while [ $# -gt 0 ]; do
     --up-timeout) up_timeout=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --live-checks) live_checks=$2; shift 2 ;;
-    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+    --tiny-vlm) tiny_vlm=1; shift ;;
+    --image-chat) image_chat=1; shift ;;
+    *) sed -n '2,19p' "$0" >&2; exit 2 ;;
   esac
 done
 [ -f "$compose_file" ] || { echo "compose_smoke: no compose file $compose_file" >&2; exit 2; }
@@ -76,6 +84,26 @@ teardown() {
 }
 trap teardown EXIT
 
+if [ "$tiny_vlm" -eq 1 ]; then
+  export CLEAVE_VLM_MODEL=/models/tiny-vlm
+  vlm_started=$(date +%s)
+  if docker run --rm -v "$model_volume:/models" --entrypoint test "cleave-encoder:$CLEAVE_TAG" \
+      -e /models/tiny-vlm/config.json; then
+    log "the model volume already holds /models/tiny-vlm"
+  else
+    vlm_dir=$(mktemp -d)
+    ./bazel run //tests/deploy:write_tiny_vlm -- "$vlm_dir/tiny-vlm" >&2
+    # The container's user (uid 10001) reads it; the copy is renamed into place, so an
+    # interrupted copy is never taken for the model.
+    chmod -R a+rX "$vlm_dir"
+    docker run --rm -v "$model_volume:/models" -v "$vlm_dir:/src:ro" --entrypoint sh \
+      "cleave-encoder:$CLEAVE_TAG" -c \
+      'rm -rf /models/.tiny-vlm.part && cp -r /src/tiny-vlm /models/.tiny-vlm.part && mv /models/.tiny-vlm.part /models/tiny-vlm'
+    rm -rf "$vlm_dir"
+    log "wrote the tiny VLM into $model_volume:/models/tiny-vlm in $(( $(date +%s) - vlm_started )) s"
+  fi
+fi
+
 log "validate $compose_file"
 "${compose[@]}" config -q
 
@@ -101,9 +129,12 @@ until curl -fsS -o /dev/null --max-time 5 "http://127.0.0.1:$port/ready"; do
 done
 log "stack ready after $(( $(date +%s) - started )) s"
 
+model=$(curl -fsS --max-time 10 "http://127.0.0.1:$port/v1/models" |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
+log "the gateway serves $model"
 reply=$(curl -fsS --max-time "$request_timeout" "http://127.0.0.1:$port/v1/chat/completions" \
   -H 'content-type: application/json' -d '{
-    "model": "smollm2", "temperature": 0, "max_tokens": 16,
+    "model": "'"$model"'", "temperature": 0, "max_tokens": 16,
     "messages": [{"role": "user", "content": "What is the capital of France?"}]}')
 echo "$reply" | python3 -c '
 import json, sys
@@ -113,6 +144,13 @@ assert text.strip(), reply
 print("compose_smoke: answer:", repr(text), "usage:", reply["usage"], file=sys.stderr)
 '
 log "chat completion answered through the gateway"
+
+if [ "$image_chat" -eq 1 ]; then
+  image_started=$(date +%s)
+  timeout $(( request_timeout + 30 )) python3 tests/deploy/compose_image_chat.py --port "$port" \
+    --model "$model" --timeout "$request_timeout"
+  log "image chat answered through the gateway in $(( $(date +%s) - image_started )) s"
+fi
 
 if [ -n "$live_checks" ]; then
   checks_started=$(date +%s)
