@@ -38,7 +38,12 @@ def png(width: int, height: int, seed: int) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def post(base: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
@@ -56,7 +61,9 @@ def images_counted(base: str) -> float:
     """Images the gateway sent to its encoder, encoded or from the encoder's cache."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
         text = response.read().decode()
-    found = re.findall(r'^cleave_gateway_images_total\{source="(?:encoded|cached)"\} ([0-9.e+]+)$', text, re.M)
+    found = re.findall(
+        r'^cleave_gateway_images_total\{source="(?:encoded|cached)"\} ([0-9.e+]+)$', text, re.M
+    )
     return sum(float(value) for value in found)
 
 
@@ -95,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = reply["choices"][0]["message"]["content"]
     print(f"compose_image_chat: answer {text!r}, usage {usage}", file=sys.stderr)
     if usage["completion_tokens"] < 1 or images_counted(base) != before + 1:
-        print(f"compose_image_chat: no token, or the gateway did not count the image: {reply}", file=sys.stderr)
+        print(
+            f"compose_image_chat: no token, or the gateway did not count the image: {reply}", file=sys.stderr
+        )
         return 1
     print(f"compose_image_chat: prompt of {usage['prompt_tokens']} tokens with the image", file=sys.stderr)
 

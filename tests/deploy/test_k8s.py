@@ -238,14 +238,18 @@ def test_encode_overlays_serve_one_vision_language_model_with_embeddings_on(over
     parsed = {
         name: parse_command(containers(obj)[0]["image"], expanded_args(containers(obj)[0], objs))
         for (kind, name), obj in objs.items()
-        if kind == "Deployment" and "command" not in containers(obj)[0] and name != "gateway"
+        if kind == "Deployment"
+        and "command" not in containers(obj)[0]
+        and name != "gateway"
         and name != "kvstore"
     }
     vlm = objs[("ConfigMap", "cleave-vlm")]["data"]["model"]
     # The tokenizer's template, the encoder's vision tower and the workers' language model
     # must be the same model's.
     assert {config.model for config in parsed.values()} == {vlm}
-    workers = [n for n in parsed if image_name(containers(objs[("Deployment", n)])[0]["image"]) == "cleave-worker"]
+    workers = [
+        n for n in parsed if image_name(containers(objs[("Deployment", n)])[0]["image"]) == "cleave-worker"
+    ]
     assert workers
     for name in workers:
         assert parsed[name].enable_mm_embeds, f"{name} refuses the encoder's embeddings"

@@ -18,11 +18,12 @@ import pytest
 from libs.rpc.ports import free_port
 from libs.stack.process import LaunchError, ProcessSpec, start, wait_ready
 from libs.stack.reaper import reaper_pid
-from tools.bench.compare import CompareOptions, GuidellmOptions, Planner, run_comparison, warmup_config
+from tools.bench.compare import CompareOptions, Planner, run_comparison, warmup_config
 from tools.bench.config import BenchConfig, WorkloadConfig
 from tools.bench.runner import WARMUP_SEED_OFFSET, run_benchmark
 from tools.bench.systems import guidellm
 from tools.bench.systems.catalog import PortSource, ServingSettings, SystemPlan
+from tools.bench.systems.guidellm_run import GuidellmOptions
 from tools.bench.systems.presets import CompareSizes
 from tools.bench.systems.scrape import HistogramProbe
 
