@@ -16,13 +16,9 @@ from cleave.worker.v1 import worker_pb2
 from libs.gateway import errors
 from libs.gateway.auth import ApiKeys
 from libs.gateway.edge import HttpEdge
-from libs.gateway.openai_api import CompletionRequest
 from libs.gateway.pipeline import Finished, GenerationSpec, SequenceEvent
 from libs.gateway.pool import Endpoint
 from libs.gateway.request_limits import RequestLimits
-from libs.gateway.response_extras import token_id_labels
-from libs.gateway.responses import TokenizerTexts
-from services.gateway import app as app_module
 from services.gateway.app import GatewayState, create_app
 from tests.libs.gateway.fakes import FakeTokenizer, ScriptedPipeline
 
@@ -477,33 +473,3 @@ async def test_vllm_fields_refused_ignored_and_unknown() -> None:
         )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "use_beam_search"
     assert accepted.status_code == 200 and accepted.json()["id"] == "cmpl-mine"
-
-
-def test_the_force_include_usage_flag_overrides_what_a_stream_asked_for() -> None:
-    from libs.gateway.openai_api import StreamOptions
-    from services.gateway.app import _stream_options
-
-    asked = StreamOptions(include_usage=False)
-    assert _stream_options(asked, force_usage=False) is asked
-    assert _stream_options(None, force_usage=False) == StreamOptions()
-    # vLLM's should_include_usage under --enable-force-include-usage: both, whatever was asked.
-    forced = _stream_options(asked, force_usage=True)
-    assert forced.include_usage and forced.continuous_usage_stats
-
-
-@pytest.mark.parametrize(
-    ("server", "asked", "as_ids"), [(False, None, False), (True, None, True), (True, False, False)]
-)
-def test_return_tokens_as_token_ids_defaults_to_the_servers_flag(
-    server: bool, asked: bool | None, as_ids: bool
-) -> None:
-    # vLLM: the request's return_tokens_as_token_ids if set, else --return-tokens-as-token-ids.
-    pool: Any = Workers()
-    tokenizer: Any = FakeTokenizer()
-    pipeline: Any = ScriptedPipeline(EVENTS)
-    state = GatewayState("m", 32, pipeline, pool, tokenizer, return_tokens_as_token_ids=server)
-    body = CompletionRequest.model_validate(
-        {"model": "m", "prompt": "x", "return_tokens_as_token_ids": asked}
-    )
-    texts = TokenizerTexts(tokenizer)
-    assert (app_module._token_text(state, body, texts) is token_id_labels) is as_ids
