@@ -86,7 +86,10 @@ def stack_and_proxy(
     services = {"kvstore": kvstore}
     kvstore.wait_bound()
     proxy = FaultyKvStoreProxy(kvstore.address)
-    common = ("--dtype", "float32", "--kvstore-chunk-tokens", str(CHUNK_TOKENS))
+    # A generous deadline: a loaded 2-core CI machine has taken more than the default 2 s to
+    # stream the ~90 MB float32 prefix, which loads part of it and recomputes the rest
+    # (correct, but not what these tests measure). Faults here fail fast, not by timing out.
+    common = ("--dtype", "float32", "--kvstore-chunk-tokens", str(CHUNK_TOKENS), "--kvstore-timeout-s", "30")
     try:
         asyncio.run(wait_healthy(kvstore, timeout_s=120))
         services["prefill"] = start_worker(

@@ -48,6 +48,7 @@ def fake_vllm_config(
             get_num_kv_heads=per_rank(2),
             get_head_size=lambda: 32,
             get_diff_sampling_param=dict,  # --generation-config vllm: no model defaults
+            is_multimodal_model=False,
         ),
         cache_config=SimpleNamespace(block_size=block_size, cache_dtype=cache_dtype, num_gpu_blocks=40),
         parallel_config=parallel_config,
