@@ -70,7 +70,9 @@ class ApiKeyAuth:
         self._open = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") == "OPTIONS" or scope.get("path") in self._open:
+        # The path without the app's root_path (--root-path), as the routes see it.
+        path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS" or path in self._open:
             await self._app(scope, receive, send)
             return
         if not self._keys.accepts(_bearer(scope) or ""):

@@ -17,6 +17,9 @@ class HttpEdge:
     limits: RequestLimits = field(default_factory=RequestLimits)
     api_keys: ApiKeys = field(default_factory=ApiKeys)  # none: no authentication (the local default)
     auth_health: bool = False  # require the key on /health, /ready and /metrics too
+    # vLLM's --root-path: the prefix a path-based proxy serves the API under. Requests work with
+    # and without it (Starlette strips it from the path it routes), as on vLLM's server.
+    root_path: str = ""
 
     def install(self, app: Any) -> None:
         """Adds the middleware to a Starlette/FastAPI `app`. The last added runs first: a

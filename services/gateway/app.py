@@ -103,7 +103,7 @@ async def _with_images(
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
     edge = edge or HttpEdge()
     limits = edge.limits
-    app = FastAPI(title="Cleave", docs_url=None, redoc_url=None)
+    app = FastAPI(title="Cleave", docs_url=None, redoc_url=None, root_path=edge.root_path)
     texts = responses.TokenizerTexts(state.tokenizer)
 
     @app.exception_handler(errors.ApiError)

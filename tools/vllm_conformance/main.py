@@ -1,7 +1,7 @@
 """vLLM's own tests of /v1/completions and /v1/chat/completions, run against a Cleave gateway.
 
     ./bazel run //tools/vllm_conformance -- --vllm-tests /path/to/vllm [--mode pd|1p1d]
-        [--report report.xml] [-- PYTEST ARGS]
+        [--server cleave|vllm] [--report report.xml] [-- PYTEST ARGS]
 
 `--vllm-tests` is a checkout of vLLM's sources (the version of the lock, or as close as one
 can be found); nothing of it is kept in this repository. The runner copies the test files
@@ -10,7 +10,8 @@ Cleave local stack instead of `vllm serve` (shim/tests_utils.py, serve_args.py) 
 points the tokenizers the tests build at the served model (shim/tests_conftest.py), then runs
 pytest there. Tests that exercise vLLM's classes in process, or need what Cleave does not
 serve (LoRA adapters, prompt embeddings, a tokenizer-less engine), are left out by name, each
-with its reason in LEFT_OUT.
+with its reason in LEFT_OUT. `--server vllm` runs the same selection against vLLM's own
+server with the same model (vllm_control.py): what fails there depends on the model.
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--vllm-tests", type=Path, required=True, help="a checkout of vLLM's sources")
     parser.add_argument("--mode", default="pd", help="the local stack's topology (pd, 1p1d, ...)")
     parser.add_argument("--model", default="smollm2", help="the model every test's server serves")
+    parser.add_argument(
+        "--server",
+        choices=("cleave", "vllm"),
+        default="cleave",
+        help="cleave: a Cleave local stack; vllm: the control run, vLLM's own server with the same model",
+    )
     parser.add_argument("--files", nargs="*", default=FILES, help=f"test files under {OPENAI_TESTS}")
     parser.add_argument("--report", type=Path, help="a JUnit XML report of the run")
     parser.add_argument("--work-dir", type=Path, help="where the run's copy goes (default: a temp folder)")
@@ -123,8 +130,11 @@ def main(argv: list[str]) -> int:
     paths = prepare(vllm_root, work, args.files)
     os.environ["CLEAVE_CONFORMANCE_MODEL"] = str(model)
     os.environ["CLEAVE_CONFORMANCE_MODE"] = args.mode
+    os.environ["CLEAVE_CONFORMANCE_SERVER"] = args.server
+    os.environ["CLEAVE_CONFORMANCE_LOG_DIR"] = str(work / "logs")
     os.environ["CLEAVE_CONFORMANCE_GATEWAY_ARGS"] = json.dumps(args.gateway_arg)
-    print(f"vllm-conformance: {len(paths)} files in {work}, mode {args.mode}, model {model}", flush=True)
+    target = f"mode {args.mode}" if args.server == "cleave" else "vLLM's own server (control run)"
+    print(f"vllm-conformance: {len(paths)} files in {work}, {target}, model {model}", flush=True)
     for name, reason in {**FILES_LEFT_OUT, **LEFT_OUT}.items():
         print(f"  left out: {name}: {reason}", flush=True)
     os.chdir(work)

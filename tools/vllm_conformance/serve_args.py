@@ -24,6 +24,7 @@ _SAME_WITH_VALUE = frozenset(
         "--generation-config",
         "--served-model-name",
         "--structured-outputs-config",
+        "--root-path",
     }
 )
 _SAME_SWITCHES = frozenset(
@@ -91,3 +92,30 @@ def translate(vllm_args: Sequence[str], env: Mapping[str, str] | None = None) ->
     if env and "VLLM_API_KEY" in env and "--api-key" not in out.flags:
         out.flags += ["--api-key", env["VLLM_API_KEY"]]
     return out
+
+
+# The control run (vllm_control.py) gives vLLM the test's own arguments but these: LoRA
+# adapters are left out of the run (the adapter paths the fixtures get do not exist) and the
+# runner picks the listening address itself.
+_CONTROL_DROPPED_WITH_VALUE = frozenset(
+    {"--lora-modules", "--max-lora-rank", "--max-cpu-loras", "--port", "--host"}
+)
+_CONTROL_DROPPED_SWITCHES = frozenset({"--enable-lora"})
+
+
+def control_args(vllm_args: Sequence[str]) -> list[str]:
+    """The test's serve arguments without the LoRA and listening-address ones."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in vllm_args:
+        if skip_value:
+            skip_value = False
+            continue
+        name, has_inline, _ = arg.partition("=")
+        if name in _CONTROL_DROPPED_SWITCHES:
+            continue
+        if name in _CONTROL_DROPPED_WITH_VALUE:
+            skip_value = not has_inline
+            continue
+        kept.append(arg)
+    return kept

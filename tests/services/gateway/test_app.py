@@ -252,6 +252,19 @@ async def test_api_keys_guard_the_api_but_not_the_probes() -> None:
         assert (await http.get("/health")).status_code == 401
 
 
+async def test_under_a_root_path_the_api_answers_with_and_without_the_prefix() -> None:
+    # vLLM's --root-path (FastAPI's root_path): a path-based proxy may or may not strip it;
+    # the key guards the API and the probes stay open under both paths.
+    edge = HttpEdge(api_keys=ApiKeys(["k"]), root_path="/llm")
+    key = {"Authorization": "Bearer k"}
+    async with client(ScriptedPipeline(EVENTS), edge=edge, workers=Workers("both")) as http:
+        for prefix in ("", "/llm"):
+            assert (await http.get(f"{prefix}/v1/models", headers=key)).status_code == 200
+            assert (await http.get(f"{prefix}/v1/models")).status_code == 401
+            assert (await http.get(f"{prefix}/health")).status_code == 200
+        assert (await http.get("/other/v1/models", headers=key)).status_code == 404
+
+
 async def test_request_bounds_are_400s_before_the_tokenizer_is_called() -> None:
     tokenizer = FakeTokenizer()
     edge = HttpEdge(limits=RequestLimits(max_prompt_chars=10, max_stop_strings=2, max_sequences=4))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tools.vllm_conformance.serve_args import translate
+from tools.vllm_conformance.serve_args import control_args, translate
 
 
 def test_flags_the_gateway_shares_with_vllm_pass_and_gpu_settings_are_named_as_ignored() -> None:
@@ -33,3 +33,11 @@ def test_dotted_structured_outputs_keys_become_one_json_config() -> None:
 def test_the_api_key_from_the_environment_becomes_the_flag() -> None:
     assert translate([], {"VLLM_API_KEY": "k"}).flags == ["--api-key", "k"]
     assert translate(["--api-key", "a"], {"VLLM_API_KEY": "k"}).flags == ["--api-key", "a"]
+
+
+def test_the_control_run_keeps_the_tests_arguments_but_lora_and_the_address() -> None:
+    kept = control_args(
+        ["--dtype", "bfloat16", "--enable-lora", "--lora-modules", "a=/x", "--max-lora-rank=64", "--port",
+         "8000", "--host=0.0.0.0", "--reasoning-parser", "qwen3", "--max-cpu-loras", "2", "--enforce-eager"]
+    )  # fmt: skip
+    assert kept == ["--dtype", "bfloat16", "--reasoning-parser", "qwen3", "--enforce-eager"]

@@ -3,7 +3,8 @@
 `RemoteOpenAIServer` keeps the interface vLLM's tests use (a context manager with `url_for`,
 `get_client`, `get_async_client`, `host`, `port`) but starts a Cleave local stack, the
 gateway started as `bazel run //services/gateway` would, serving the runner's model under the
-test's model name. Copied by tools/vllm_conformance/main.py into the run's folder as
+test's model name (or, for the runner's `--server vllm` control run, vLLM's own server with
+the same model). Copied by tools/vllm_conformance/main.py into the run's folder as
 `tests/utils.py`; not imported anywhere else.
 """
 
@@ -13,6 +14,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +22,7 @@ import openai
 
 from tools.local_gateway import local_gateway
 from tools.vllm_conformance.serve_args import translate
+from tools.vllm_conformance.vllm_control import vllm_server
 
 # What tests import besides the server (ROCm-only settings: none here).
 ROCM_ENV_OVERRIDES: dict[str, str] = {}
@@ -69,15 +72,24 @@ class RemoteOpenAIServer:
         max_wait_seconds: float | None = None,
         override_hf_configs: dict[str, Any] | None = None,
     ) -> None:
-        translation = translate(vllm_serve_args, env_dict)
-        flags = [*_runner_flags(), "--served-model-name", model, *translation.flags]
-        print(f"[cleave] vllm serve {model} {' '.join(vllm_serve_args)}", file=sys.stderr)
-        print(f"[cleave] -> gateway {' '.join(flags)}", file=sys.stderr)
-        if translation.ignored:
-            print(f"[cleave] not honoured: {translation.ignored}", file=sys.stderr)
-        self._stack = local_gateway("vllm-conformance", flags, max_wait_seconds or STARTUP_TIMEOUT_S)
-        with _environment(env_dict):
-            url, _service = self._stack.__enter__()
+        if os.environ.get("CLEAVE_CONFORMANCE_SERVER") == "vllm":
+            # The control run (tools/vllm_conformance/vllm_control.py): vLLM itself.
+            print(f"[control] vllm serve {model} {' '.join(vllm_serve_args)}", file=sys.stderr)
+            self._stack = vllm_server(
+                os.environ["CLEAVE_CONFORMANCE_MODEL"], model, vllm_serve_args, env_dict or {},
+                Path(os.environ["CLEAVE_CONFORMANCE_LOG_DIR"]), max_wait_seconds or STARTUP_TIMEOUT_S,
+            )  # fmt: skip
+            url = self._stack.__enter__()
+        else:
+            translation = translate(vllm_serve_args, env_dict)
+            flags = [*_runner_flags(), "--served-model-name", model, *translation.flags]
+            print(f"[cleave] vllm serve {model} {' '.join(vllm_serve_args)}", file=sys.stderr)
+            print(f"[cleave] -> gateway {' '.join(flags)}", file=sys.stderr)
+            if translation.ignored:
+                print(f"[cleave] not honoured: {translation.ignored}", file=sys.stderr)
+            self._stack = local_gateway("vllm-conformance", flags, max_wait_seconds or STARTUP_TIMEOUT_S)
+            with _environment(env_dict):
+                url, _service = self._stack.__enter__()
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = int(parts.port or 80)
