@@ -10,7 +10,8 @@ Cleave local stack instead of `vllm serve` (shim/tests_utils.py, serve_args.py) 
 points the tokenizers the tests build at the served model (shim/tests_conftest.py), then runs
 pytest there. Tests that exercise vLLM's classes in process, or need what Cleave does not
 serve (LoRA adapters, prompt embeddings, a tokenizer-less engine), are left out by name, each
-with its reason in LEFT_OUT. `--server vllm` runs the same selection against vLLM's own
+with its reason in LEFT_OUT; tests that fail against vLLM's own server with the same model
+are deselected by id (deselected.py). `--server vllm` runs the same selection against vLLM's own
 server with the same model (vllm_control.py): what fails there depends on the model.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from libs.config.groups import DEFAULT_CACHE_DIR
 from libs.models.resolve import resolve_model
 from tools.cli_args import split_gateway_args, user_path
+from tools.vllm_conformance.deselected import DESELECTED
 
 OPENAI_TESTS = "tests/entrypoints/openai"
 # The files of vLLM's tests that talk to a server over HTTP about these two endpoints.
@@ -121,6 +123,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--report", type=Path, help="a JUnit XML report of the run")
     parser.add_argument("--work-dir", type=Path, help="where the run's copy goes (default: a temp folder)")
     parser.add_argument(
+        "--with-deselected",
+        action="store_true",
+        help="also run the tests in deselected.py (they fail against vLLM's own server with this model too)",
+    )
+    parser.add_argument(
         "--gateway-arg", action="append", default=[], help="an extra gateway flag for every server"
     )
     args = parser.parse_args(own)
@@ -147,6 +154,11 @@ def main(argv: list[str]) -> int:
         selection = f"({pytest_args[at + 1]}) and {selection}"
         pytest_args = pytest_args[:at] + pytest_args[at + 2 :]
     options = ["-p", "no:cacheprovider", "-q", "-rA", f"--rootdir={work}", "-k", selection]
+    if not args.with_deselected:
+        print(
+            f"  deselected: {len(DESELECTED)} tests that fail against vLLM itself (deselected.py)", flush=True
+        )
+        options += [f"--deselect={test_id}" for test_id in DESELECTED]
     if args.report:
         options.append(f"--junitxml={user_path(args.report)}")
     return int(pytest.main([*options, *pytest_args, *paths]))

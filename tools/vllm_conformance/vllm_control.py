@@ -24,6 +24,8 @@ from tools.vllm_conformance.serve_args import control_args
 
 HOST = "127.0.0.1"
 KV_CACHE_GIB = 2
+
+
 def _free_port() -> int:
     # vLLM's server takes a port number, not a port file: the kernel picks one, it is released
     # and vLLM binds it a moment later (a small race a tool run can live with).
@@ -53,7 +55,11 @@ def _cores() -> str:
 
 @contextlib.contextmanager
 def vllm_server(
-    model_path: str, served_name: str, vllm_args: Sequence[str], env: Mapping[str, str], log_dir: Path,
+    model_path: str,
+    served_name: str,
+    vllm_args: Sequence[str],
+    env: Mapping[str, str],
+    log_dir: Path,
     startup_timeout_s: float,
 ) -> Iterator[str]:
     """vLLM's OpenAI server on loopback; yields its base URL once /health answers."""
