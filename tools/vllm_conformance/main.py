@@ -53,6 +53,12 @@ LEFT_OUT = {
     "test_load_prompt_embeds or test_disable_prompt_embeds": (
         "vLLM's prompt-embeds loader in process (no server): Cleave refuses prompt_embeds"
     ),
+    "test_chat_completion_request_n_parameter": (
+        "vLLM's ChatCompletionRequest in process (VLLM_MAX_N_SEQUENCES monkeypatched), no server"
+    ),
+    "test_responses_api_logprobs_with_return_tokens_as_token_ids": (
+        "vLLM's Responses API serving class in process (imports vllm.entrypoints.openai.engine, absent here)"
+    ),
 }
 # Files left out whole: they test vLLM's serving classes in process, with mocks, no HTTP.
 FILES_LEFT_OUT = {
