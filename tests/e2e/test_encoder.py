@@ -7,10 +7,10 @@ is wrong, and the encoder keeps serving.
 The workers (prefill and decode in 1e1p1d, the colocated one in 1e1pd) load a copy of the
 model whose vision tower and connector weights are NaN (tests/e2e/vlm_stack.py); only the
 encoder has the real ones. Output token-identical to vLLM's in-engine path on the real
-weights therefore also shows that the workers take embeddings and never run the tower. NOT
-YET CHECKED that this proof can fail (vLLM's in-engine path on the NaN copy should answer
-differently: run tests.e2e.reference_vlm on the NaN folder); mode pd (no encoder) runs the
-real weights in-engine and is compared with the same reference."""
+weights therefore also shows that the workers take embeddings and never run the tower. That
+this proof can fail is checked in transformers, not in vLLM (test_vlm_stack: the copy's tower
+makes an image prompt NaN and changes its greedy tokens, a text prompt stays bit-identical);
+mode pd (no encoder) runs the real weights in-engine and is compared with the same reference."""
 
 from __future__ import annotations
 
