@@ -186,7 +186,9 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     api_key_file: Path | None = flag(None, codec=PATH, help="a file of API keys, one per line")
     auth_health: bool = flag(False, help="require the API key on /health, /ready and /metrics too")
     # vLLM's flag: FastAPI's root_path, for a gateway behind a path-based routing proxy.
-    root_path: str = flag("", help="the path prefix a proxy serves the API under (e.g. /llm); both paths work")
+    root_path: str = flag(
+        "", help="the path prefix a proxy serves the API under (e.g. /llm); both paths work"
+    )
 
     # vLLM's flag: `tool_choice: auto` (also implied by tools without a tool_choice) is parsed
     # by --tool-call-parser in the tokenizer service; without it such requests are a 400.

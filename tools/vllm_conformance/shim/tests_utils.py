@@ -72,14 +72,14 @@ class RemoteOpenAIServer:
         max_wait_seconds: float | None = None,
         override_hf_configs: dict[str, Any] | None = None,
     ) -> None:
+        self._stack = contextlib.ExitStack()
         if os.environ.get("CLEAVE_CONFORMANCE_SERVER") == "vllm":
             # The control run (tools/vllm_conformance/vllm_control.py): vLLM itself.
             print(f"[control] vllm serve {model} {' '.join(vllm_serve_args)}", file=sys.stderr)
-            self._stack = vllm_server(
+            url = self._stack.enter_context(vllm_server(
                 os.environ["CLEAVE_CONFORMANCE_MODEL"], model, vllm_serve_args, env_dict or {},
                 Path(os.environ["CLEAVE_CONFORMANCE_LOG_DIR"]), max_wait_seconds or STARTUP_TIMEOUT_S,
-            )  # fmt: skip
-            url = self._stack.__enter__()
+            ))  # fmt: skip
         else:
             translation = translate(vllm_serve_args, env_dict)
             flags = [*_runner_flags(), "--served-model-name", model, *translation.flags]
@@ -87,9 +87,9 @@ class RemoteOpenAIServer:
             print(f"[cleave] -> gateway {' '.join(flags)}", file=sys.stderr)
             if translation.ignored:
                 print(f"[cleave] not honoured: {translation.ignored}", file=sys.stderr)
-            self._stack = local_gateway("vllm-conformance", flags, max_wait_seconds or STARTUP_TIMEOUT_S)
+            stack = local_gateway("vllm-conformance", flags, max_wait_seconds or STARTUP_TIMEOUT_S)
             with _environment(env_dict):
-                url, _service = self._stack.__enter__()
+                url, _service = self._stack.enter_context(stack)
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = int(parts.port or 80)
@@ -99,7 +99,7 @@ class RemoteOpenAIServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.__exit__(None, None, None)
+        self._stack.close()
 
     @property
     def url_root(self) -> str:
