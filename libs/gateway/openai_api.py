@@ -153,6 +153,11 @@ class _SamplingFields(_Strict):
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+    # Beam search, run by the gateway as vLLM's server runs it (libs/gateway/beam_search.py);
+    # n is the beam width. vLLM accepts early_stopping and its online beam search ignores it.
+    use_beam_search: bool = False
+    length_penalty: FiniteFloat = 1.0
+    early_stopping: bool = False
     # Structured output (libs/gateway/structured.py). The legacy `functions`/`function_call`
     # are not fields of vLLM's request either: unknown fields, ignored with a warning.
     response_format: ResponseFormat | None = None

@@ -30,6 +30,8 @@ T = TypeVar("T")
 def check_supported(body: _SamplingFields) -> None:
     for feature, param in body.unsupported_fields():
         raise errors.unsupported(feature, param)
+    if body.use_beam_search and body.stream:
+        raise errors.invalid("Streaming is not currently supported with beam search", "stream")  # vLLM's
     check_refused(body.model_extra)
 
 

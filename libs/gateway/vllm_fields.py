@@ -37,15 +37,6 @@ class Refusal:
 _NO_PD_TRANSFER = "Cleave moves KV itself (typed KvHandoff); a client's connector parameters would bypass it"
 
 REFUSED: Mapping[str, Refusal] = {
-    "use_beam_search": Refusal(
-        "beam search (use_beam_search)",
-        "vLLM runs beam search in its API server (EngineClient.beam_search: one engine request per "
-        "beam per step, re-ranked between steps); across Cleave's prefill/decode split each step "
-        "would be a KV handoff per beam",
-        (None, False),
-    ),
-    "length_penalty": Refusal("length_penalty (beam search only)", "beam search is refused", (None, 1.0, 1)),
-    "early_stopping": Refusal("early_stopping (beam search only)", "beam search is refused", (None, False)),
     "prompt_embeds": Refusal(
         "prompt_embeds", "engines take token ids only (the contract carries no embeddings)"
     ),

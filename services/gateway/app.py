@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from cleave.tokenizer.v1 import tokenizer_pb2_grpc
+from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.encoder.limits import ImageLimits
-from libs.gateway import batch_chat, errors, responses, tokenize_api
+from libs.gateway import batch_chat, beam_search, errors, responses, tokenize_api
 from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
 from libs.gateway.edge import HttpEdge
 from libs.gateway.extensions import bad_words_token_ids
@@ -98,6 +98,21 @@ async def _with_images(
         image_embeddings=tuple(e.embeddings for e in encoded),
         cache_salt=image_cache_salt(spec.cache_salt, encoded),
     )
+
+
+async def _generator(
+    state: GatewayState, body: ChatCompletionRequest | CompletionRequest, texts: responses.TokenizerTexts
+) -> responses.Generate:
+    """The pipeline, or (use_beam_search) beam search over the pipeline's one-token steps."""
+    if not body.use_beam_search:
+        return state.pipeline.run
+    info = await state.tokenizer.GetInfo(tokenizer_pb2.GetInfoRequest())
+    if not info.eos_token_ids:
+        raise errors.invalid(
+            "beam search needs the model's EOS token; its tokenizer names none", "use_beam_search"
+        )
+    # vLLM's beam search stops beams on the tokenizer's eos_token_id (the first listed).
+    return beam_search.runner(state.pipeline.run, body.length_penalty, info.eos_token_ids[0], texts.text)
 
 
 def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
@@ -195,7 +210,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
         spec = _spec(state, edge, body, list(rendered.token_ids), body.requested_max_tokens(), top_logprobs)
         spec = await _with_images(state, body, spec)
         await _bad_words(state, body, [spec])
-        generation = await responses.collect(state.pipeline.run, spec)
+        generation = await responses.collect(await _generator(state, body, texts), spec)
         return await responses.chat_completion(
             spec,
             generation,
@@ -251,7 +266,8 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
     async def completions_whole(body: CompletionRequest) -> JSONResponse:
         specs = await completion_specs(body)
         # Several prompts run concurrently; one failing cancels the others.
-        generations = await gather_or_cancel(*(responses.collect(state.pipeline.run, spec) for spec in specs))
+        generate = await _generator(state, body, texts)
+        generations = await gather_or_cancel(*(responses.collect(generate, spec) for spec in specs))
         return JSONResponse(
             await responses.text_completion(
                 specs,

@@ -4,6 +4,7 @@ pipelines that replay scripted events, so response building is tested without a 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -21,9 +22,10 @@ VOCAB = {1: "Hello", 2: ",", 3: " world", 4: "!", 5: "é", 6: " there"}
 class FakeTokenizer:
     """The TokenizerStub calls the gateway makes, over VOCAB; records what it detokenized."""
 
-    def __init__(self, *, reachable: bool = True) -> None:
+    def __init__(self, *, reachable: bool = True, eos_token_ids: Sequence[int] = ()) -> None:
         self.detokenized: list[list[int]] = []
         self.reachable = reachable
+        self.eos_token_ids = list(eos_token_ids)
         self.calls: list[str] = []  # Tokenize / RenderChat, in order
 
     async def GetInfo(
@@ -33,7 +35,9 @@ class FakeTokenizer:
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "connection refused"
             )
-        return tokenizer_pb2.TokenizerInfo(model="m", vocab_size=len(VOCAB) + 1)
+        return tokenizer_pb2.TokenizerInfo(
+            model="m", vocab_size=len(VOCAB) + 1, eos_token_ids=self.eos_token_ids
+        )
 
     async def Detokenize(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
         self.detokenized.append(list(request.token_ids))
@@ -88,6 +92,29 @@ class ScriptedPipeline:
                 await asyncio.Event().wait()
         finally:
             self.closed.set()
+
+
+class TableModel:
+    """Pipeline.run's shape for one-token steps: a "language model" whose next-token
+    probabilities depend only on the last token (`table[last] -> {token: p}`). It answers each
+    spec with the most likely token and the top `spec.sampling.logprobs` as TopLogprobs, as a
+    worker's greedy one-token generation does; records the specs."""
+
+    def __init__(self, table: dict[int, dict[int, float]]) -> None:
+        self.table = table
+        self.specs: list[GenerationSpec] = []
+
+    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+        self.specs.append(spec)
+        ranked = sorted(self.table[spec.prompt_token_ids[-1]].items(), key=lambda item: -item[1])
+        top = [
+            common_pb2.TopLogprob(token_id=token, logprob=math.log(p), rank=rank)
+            for rank, (token, p) in enumerate(ranked[: spec.sampling.logprobs], start=1)
+        ]
+        token, p = ranked[0]
+        chosen = common_pb2.TokenLogprob(token_id=token, logprob=math.log(p), rank=1, top=top)
+        yield SequenceEvent(0, VOCAB.get(token, ""), [token], [chosen], finish_reason="length")
+        yield Finished(prompt_tokens=len(spec.prompt_token_ids), completion_tokens=1, cached_prompt_tokens=0)
 
 
 def spec(

@@ -42,8 +42,9 @@ def test_invalid_bodies_are_rejected(fields: dict[str, object]) -> None:
 def test_unsupported_features_are_refused_not_ignored() -> None:
     # Tools and response_format are implemented (tests/libs/gateway/test_tools.py,
     # test_structured.py); vLLM's fields Cleave refuses: test_vllm_fields.py.
-    with pytest.raises(ApiError, match="beam search"):
-        check_supported(chat(use_beam_search=True))
+    check_supported(chat(use_beam_search=True, n=2))  # libs/gateway/beam_search.py
+    with pytest.raises(ApiError, match="Streaming is not currently supported with beam search"):
+        check_supported(chat(use_beam_search=True, stream=True))
     check_supported(chat(response_format={"type": "text"}))
     with pytest.raises(ApiError, match="best_of > 1"):
         check_supported(CompletionRequest(model="m", prompt="x", best_of=2))

@@ -56,9 +56,8 @@ def test_neutral_values_of_refused_fields_are_vllm_defaults() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"use_beam_search": True}, "use_beam_search"),
-        ({"length_penalty": 0.5}, "length_penalty"),
         ({"prompt_embeds": "AAAA"}, "prompt_embeds"),
+        ({"watermarking": True}, "watermarking"),
         ({"kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
         ({"logprob_token_ids": [1], "logprobs": 1}, "logprob_token_ids"),
     ],
@@ -73,8 +72,7 @@ def test_refused_fields_are_a_400_naming_the_field(body: dict[str, object], para
 
 def test_neutral_values_of_refused_fields_pass() -> None:
     body = {
-        "use_beam_search": False,
-        "length_penalty": 1.0,
+        "watermarking": False,
         "prompt_embeds": None,
         "kv_transfer_params": None,
     }

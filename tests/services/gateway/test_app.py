@@ -472,7 +472,7 @@ async def test_batched_chat_answers_each_conversation_with_its_own_request() -> 
 async def test_vllm_fields_refused_ignored_and_unknown() -> None:
     async with client(ScriptedPipeline(EVENTS)) as http:
         refused = await http.post(
-            "/v1/completions", json={"model": "m", "prompt": "Hello", "use_beam_search": True}
+            "/v1/completions", json={"model": "m", "prompt": "Hello", "prompt_embeds": "AAAA"}
         )
         accepted = await http.post(
             "/v1/completions",
@@ -484,5 +484,5 @@ async def test_vllm_fields_refused_ignored_and_unknown() -> None:
                 "request_id": "mine",
             },
         )
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "use_beam_search"
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_embeds"
     assert accepted.status_code == 200 and accepted.json()["id"] == "cmpl-mine"
