@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from cleave.common.v1 import common_pb2
 from libs.gateway import beam_search
-from libs.gateway.responses import collect
+from libs.gateway.generation import GenerationSpec
+from libs.gateway.responses import Choice, collect
 from tests.libs.gateway.fakes import VOCAB, TableModel, spec
 
 pytestmark = pytest.mark.anyio
@@ -30,18 +32,16 @@ async def text(ids: Sequence[int]) -> str:
     return "".join(VOCAB[i] for i in ids)
 
 
-def beam_spec(width: int, max_tokens: int = 3, **fields: object) -> object:
+def beam_spec(width: int, max_tokens: int = 3, **fields: Any) -> GenerationSpec:
     sampling = common_pb2.SamplingParams(n=width, max_tokens=max_tokens, temperature=0.0)
     return dataclasses.replace(spec(n=width, prompt=(1,)), sampling=sampling, **fields)
 
 
-async def run(
-    width: int, length_penalty: float = 1.0, **fields: object
-) -> tuple[TableModel, dict[int, object]]:
+async def run(width: int, length_penalty: float = 1.0, **fields: Any) -> tuple[TableModel, dict[int, Choice]]:
     model = TableModel(TABLE)
     generate = beam_search.runner(model.run, length_penalty, EOS, text)
-    generation = await collect(generate, beam_spec(width, **fields))  # type: ignore[arg-type]
-    return model, generation.choices  # type: ignore[return-value]
+    generation = await collect(generate, beam_spec(width, **fields))
+    return model, generation.choices
 
 
 async def test_beam_search_finds_the_likelier_sequence_greedy_misses() -> None:
@@ -52,8 +52,8 @@ async def test_beam_search_finds_the_likelier_sequence_greedy_misses() -> None:
         " worldé",
         "stop",
         EOS,
-    )  # type: ignore[attr-defined]
-    assert second.token_ids == [2, 5]  # type: ignore[attr-defined]
+    )
+    assert second.token_ids == [2, 5]
     # Every step is one token with 2 x beam_width logprobs, the live beam's tokens appended.
     assert {(s.sampling.max_tokens, s.sampling.logprobs, s.sampling.n) for s in model.specs} == {(1, 4, 1)}
     assert [s.prompt_token_ids for s in model.specs[:3]] == [[1], [1, 2], [1, 3]]
@@ -66,18 +66,18 @@ async def test_width_one_still_ranks_finished_beams_by_length_normalised_score()
     # Then "," + EOS ends (ln .2 / 2 = -0.80) while ",é" lives on and ends next step
     # (ln .1485 / 3 = -0.64): the longer finished beam wins on score per token.
     _model, choices = await run(width=1)
-    assert (choices[0].token_ids, choices[0].finish_reason) == ([2, 5], "stop")  # type: ignore[attr-defined]
+    assert (choices[0].token_ids, choices[0].finish_reason) == ([2, 5], "stop")
 
 
 async def test_length_penalty_zero_ranks_by_total_logprob() -> None:
     # Score = cum logprob: [3, 5] (ln .3564) first, then [2] (ln .2) ahead of [2, 5] (ln .1485).
     _model, choices = await run(width=2, length_penalty=0.0)
-    assert [choices[0].token_ids, choices[1].token_ids] == [[3, 5], [2]]  # type: ignore[attr-defined]
+    assert [choices[0].token_ids, choices[1].token_ids] == [[3, 5], [2]]
 
 
 async def test_include_stop_str_keeps_the_eos_token_but_not_its_text() -> None:
     _model, choices = await run(width=2, include_stop_str_in_output=True)
-    assert (choices[0].token_ids, choices[0].text) == ([3, 5, EOS], " worldé")  # type: ignore[attr-defined]
+    assert (choices[0].token_ids, choices[0].text) == ([3, 5, EOS], " worldé")
 
 
 async def test_ignore_eos_runs_every_beam_to_max_tokens() -> None:
