@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from libs.encoder.limits import ImageLimits
-from libs.gateway import batch_chat, beam_search, errors, responses, tokenize_api
+from libs.gateway import batch_chat, beam_search, errors, multi_prompt, responses, tokenize_api
 from libs.gateway.cancellation import ClientDisconnected, gather_or_cancel, until_disconnected
 from libs.gateway.edge import HttpEdge
 from libs.gateway.extensions import bad_words_token_ids
@@ -247,10 +247,23 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
 
     async def completions_stream(body: CompletionRequest) -> StreamingResponse:
         specs = await completion_specs(body)
-        if len(specs) != 1:
-            raise errors.unsupported("streaming a list of several prompts", "prompt")
+        if len(specs) == 1:
+            return await _stream(
+                state, specs[0], chat=False, options=body.stream_options, top=body.logprobs or 0, body=body
+            )
+        if body.echo or body.return_token_ids:
+            # Both name one prompt per stream (its text, its ids) in Cleave's stream writer.
+            raise errors.unsupported("streaming several prompts with echo or return_token_ids", "prompt")
+        # vLLM's: all prompts at once in one stream, choice index = prompt x n + index.
+        stream_spec = dataclasses.replace(specs[0], request_id=body.request_id or specs[0].request_id)
         return await _stream(
-            state, specs[0], chat=False, options=body.stream_options, top=body.logprobs or 0, body=body
+            state,
+            stream_spec,
+            chat=False,
+            options=body.stream_options,
+            top=body.logprobs or 0,
+            body=body,
+            generate=multi_prompt.merged(state.pipeline.run, specs),
         )
 
     async def completion_specs(body: CompletionRequest) -> list[GenerationSpec]:
@@ -394,10 +407,11 @@ async def _stream(
     top: int,
     tools: ToolCalling | None = None,
     body: Any = None,
+    generate: responses.Generate | None = None,  # default: the pipeline
 ) -> StreamingResponse:
     # Failures before the first token get their own HTTP status, not an event in a 200 stream.
     began = time.perf_counter()
-    generate = await started(state.pipeline.run, spec)
+    generate = await started(generate or state.pipeline.run, spec)
     fmt = StreamFormat(
         chat=chat,
         model=state.served_model,
