@@ -9,9 +9,7 @@ by main.py, and the server ignores --lora-modules).
 
 from __future__ import annotations
 
-import gc
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
 import huggingface_hub
@@ -58,12 +56,3 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="session")
 def zephyr_lora_files() -> str:
     return "/nonexistent/zephyr-lora"
-
-
-@pytest.fixture(autouse=True)
-async def _collect_leaked_clients() -> AsyncIterator[None]:
-    # Some of vLLM's tests leave AsyncOpenAI clients unclosed. Under vLLM's pytest-asyncio
-    # their finalizers only warn; anyio's runner reports them as "Event loop is closed" in
-    # whichever test runs next. Collected here, while the leaking test's own loop still runs.
-    yield
-    gc.collect()
