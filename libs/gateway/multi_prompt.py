@@ -19,6 +19,11 @@ from libs.gateway.responses import Generate
 _DONE = object()
 
 
+def choice_prompt_tokens(specs: Sequence[GenerationSpec]) -> tuple[int, ...]:
+    """Each choice's prompt length, by the stream's choice index (prompt x n + index)."""
+    return tuple(len(spec.prompt_token_ids) for spec in specs for _ in range(spec.sampling.n or 1))
+
+
 def merged(generate: Generate, specs: Sequence[GenerationSpec]) -> Generate:
     """A generate function that ignores its spec and streams all of `specs` together."""
 

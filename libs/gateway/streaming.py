@@ -48,6 +48,9 @@ class StreamFormat:
     # vLLM's echo: chat's last message content (its own chunk after the roles), or the
     # completion's prompt text (before each choice's first text).
     echo_text: str = ""
+    # Several prompts in one stream (multi_prompt.py): each choice's own prompt length, for
+    # the running usage (vLLM's num_prompt_tokens[prompt_idx]); empty: the spec's prompt.
+    choice_prompt_tokens: tuple[int, ...] = ()
 
 
 async def started(generate: Generate, spec: GenerationSpec) -> Generate:
@@ -119,7 +122,9 @@ async def sse_events(
                 choice = await chunks.choice(event, token_text)
                 completion_tokens[event.index] = completion_tokens.get(event.index, 0) + len(event.token_ids)
                 if continuous:
-                    yield chunks.chunk([choice], usage=chunks.running_usage(completion_tokens[event.index]))
+                    yield chunks.chunk(
+                        [choice], usage=chunks.running_usage(completion_tokens[event.index], event.index)
+                    )
                 else:
                     yield chunks.chunk([choice])
         except (errors.ApiError, MidStreamError) as error:
@@ -159,9 +164,11 @@ class _Chunks:
             }
         )
 
-    def running_usage(self, completion_tokens: int) -> dict[str, Any]:
+    def running_usage(self, completion_tokens: int, index: int = 0) -> dict[str, Any]:
         # The prompt's cached tokens are only known at the end: not reported until then.
-        return usage(len(self._prompt), completion_tokens, 0, details=False)
+        per_choice = self._fmt.choice_prompt_tokens
+        prompt_tokens = per_choice[index] if index < len(per_choice) else len(self._prompt)
+        return usage(prompt_tokens, completion_tokens, 0, details=False)
 
     def roles(self, n: int, *, continuous: bool = False) -> str:
         # vLLM sends the prompt's token ids once, on the first chunk; with continuous usage

@@ -264,6 +264,7 @@ def create_app(state: GatewayState, edge: HttpEdge | None = None) -> FastAPI:
             top=body.logprobs or 0,
             body=body,
             generate=multi_prompt.merged(state.pipeline.run, specs),
+            choice_prompt_tokens=multi_prompt.choice_prompt_tokens(specs),
         )
 
     async def completion_specs(body: CompletionRequest) -> list[GenerationSpec]:
@@ -408,6 +409,7 @@ async def _stream(
     tools: ToolCalling | None = None,
     body: Any = None,
     generate: responses.Generate | None = None,  # default: the pipeline
+    choice_prompt_tokens: tuple[int, ...] = (),  # several prompts: each choice's prompt length
 ) -> StreamingResponse:
     # Failures before the first token get their own HTTP status, not an event in a 200 stream.
     began = time.perf_counter()
@@ -419,6 +421,7 @@ async def _stream(
         top_logprobs=top,
         tools=tools,
         return_token_ids=bool(body is not None and body.return_token_ids),
+        choice_prompt_tokens=choice_prompt_tokens,
         **(await _stream_echo(state, spec, body, chat=chat)),
     )
     texts = responses.TokenizerTexts(state.tokenizer)

@@ -60,3 +60,24 @@ async def test_a_streamed_prompt_list_with_echo_or_token_ids_is_a_400(extra: dic
     async with client(ScriptedPipeline(EVENTS)) as http:
         response = await http.post("/v1/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+
+
+async def test_running_usage_counts_each_choices_own_prompt() -> None:
+    # vLLM's continuous usage: num_prompt_tokens[prompt_idx] and that choice's tokens so far.
+    body = {
+        "model": "m",
+        "prompt": [[1, 2], [2, 1, 3]],
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    async with client(ScriptedPipeline(EVENTS)) as http:
+        response = await http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    events = [line[len("data: ") :] for line in response.text.split("\n\n") if line]
+    chunks = [json.loads(event) for event in events[:-1]]
+    running = {
+        (chunk["choices"][0]["index"], chunk["usage"]["completion_tokens"]): chunk["usage"]["prompt_tokens"]
+        for chunk in chunks
+        if chunk["choices"]
+    }
+    assert running == {(0, 1): 2, (0, 2): 2, (1, 1): 3, (1, 2): 3}
