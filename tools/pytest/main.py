@@ -12,7 +12,10 @@ import pytest
 if __name__ == "__main__":
     # Bazel runs tests from the workspace root inside the runfiles tree; rooting pytest there
     # makes it load tests/conftest.py for every target.
-    args = ["-p", "no:cacheprovider", "--import-mode=importlib", f"--rootdir={os.getcwd()}", "-q", "-ra"]
+    # Cleave's async tests run on anyio's plugin; pytest-asyncio (in the lock for vLLM's own
+    # tests, tools/vllm_conformance) stays out so that only one plugin drives them.
+    args = ["-p", "no:cacheprovider", "-p", "no:asyncio", "--import-mode=importlib", "-q", "-ra"]
+    args += [f"--rootdir={os.getcwd()}"]
     args += sys.argv[1:]
     # `bazel test --test_filter=EXPR` arrives here; pytest's -k understands the same names.
     only = os.environ.get("TESTBRIDGE_TEST_ONLY")

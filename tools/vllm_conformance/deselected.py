@@ -13,7 +13,6 @@ from __future__ import annotations
 _COMPLETION = "tests/entrypoints/openai/completion/test_completion.py::"
 _CHAT = "tests/entrypoints/openai/chat_completion/test_chat.py::"
 _TOOLS = "tests/entrypoints/openai/chat_completion/test_completion_with_function_calling.py::"
-_ROOT = "tests/entrypoints/openai/chat_completion/test_root_path.py::"
 _TOKEN_IDS = "tests/entrypoints/openai/test_return_token_ids.py::"
 _AS_IDS = "tests/entrypoints/openai/test_return_tokens_as_ids.py::"
 
@@ -51,12 +50,6 @@ DESELECTED: dict[str, str] = {
     f"{_TOOLS}test_named_tool_use": "the streamed named-tool JSON: SmolLM2 runs to max tokens inside it",
     f"{_TOOLS}test_max_tokens_with_tool_choice_required[required]": "with Qwen3's reasoning parser the token is <think>",
     f"{_TOOLS}test_max_tokens_with_tool_choice_required[tool_choice1]": "with Qwen3's reasoning parser the token is <think>",
-    f"{_ROOT}test_chat_session_root_path_with_api_key[test_case1]": (
-        "the test client: 'Event loop is closed' under the runner's anyio plugin (vLLM's suite uses pytest-asyncio)"
-    ),
-    f"{_ROOT}test_chat_session_root_path_with_api_key[test_case3]": (
-        "the test client: 'Event loop is closed' under the runner's anyio plugin (vLLM's suite uses pytest-asyncio)"
-    ),
     f"{_TOKEN_IDS}test_chat_completion_with_tool_use": "expects Qwen2.5's hermes <tool_call> output",
     f"{_TOKEN_IDS}test_comparison_with_prompt_logprobs_and_logprobs": (
         "the model's only token is <|im_end|>: the text (special tokens skipped) is '', its decode is not"

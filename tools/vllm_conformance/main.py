@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest_asyncio  # noqa: F401  (the plugin vLLM's tests are written for; fail here if absent)
+
 from libs.config.groups import DEFAULT_CACHE_DIR
 from libs.models.resolve import resolve_model
 from tools.cli_args import split_gateway_args, user_path
@@ -67,20 +69,15 @@ FILES_LEFT_OUT = {
     "completion/test_token_in_token_out.py": "--skip-tokenizer-init: Cleave's tokenizer service owns text",
 }
 
+# vLLM runs these tests with pytest-asyncio (a function-scoped event loop per test, strict
+# mode); so does the runner, with anyio's plugin off so that only one plugin drives them.
 PYTEST_INI = """[pytest]
-anyio_mode = auto
-markers =
-    asyncio: vLLM's pytest-asyncio tests, run by anyio's plugin here
+asyncio_mode = strict
+asyncio_default_fixture_loop_scope = function
 filterwarnings =
     ignore::DeprecationWarning
 """
-PYTEST_ASYNCIO = '''"""pytest-asyncio's `fixture`, for vLLM's tests: anyio's plugin runs async fixtures."""
-import pytest
-
-
-def fixture(*args, loop_scope=None, **kwargs):
-    return pytest.fixture(*args, **kwargs)
-'''
+PLUGINS = ["-p", "no:anyio"]  # pytest-asyncio loads as an installed plugin
 
 
 def prepare(vllm_root: Path, work: Path, files: list[str]) -> list[str]:
@@ -93,11 +90,6 @@ def prepare(vllm_root: Path, work: Path, files: list[str]) -> list[str]:
     shutil.copy(shim / "tests_utils.py", tests / "utils.py")
     shutil.copy(shim / "tests_conftest.py", tests / "conftest.py")
     (work / "pytest.ini").write_text(PYTEST_INI)
-    try:
-        import pytest_asyncio  # noqa: F401
-    except ImportError:
-        (work / "pytest_asyncio").mkdir(exist_ok=True)
-        (work / "pytest_asyncio" / "__init__.py").write_text(PYTEST_ASYNCIO)
     # vLLM's fixtures the tests share (sample schemas, LoRA paths), from the same checkout.
     shared = vllm_root / "tests" / "entrypoints" / "conftest.py"
     if shared.is_file():
@@ -159,7 +151,7 @@ def main(argv: list[str]) -> int:
         at = pytest_args.index("-k")
         selection = f"({pytest_args[at + 1]}) and {selection}"
         pytest_args = pytest_args[:at] + pytest_args[at + 2 :]
-    options = ["-p", "no:cacheprovider", "-q", "-rA", f"--rootdir={work}", "-k", selection]
+    options = ["-p", "no:cacheprovider", *PLUGINS, "-q", "-rA", f"--rootdir={work}", "-k", selection]
     if not args.with_deselected:
         print(
             f"  deselected: {len(DESELECTED)} tests that fail against vLLM itself (deselected.py)", flush=True

@@ -48,11 +48,5 @@ _patches.setattr(huggingface_hub, "snapshot_download", _no_download)
 
 
 @pytest.fixture(scope="session")
-def anyio_backend() -> str:
-    # vLLM's tests are pytest-asyncio tests; anyio's plugin runs them (anyio_mode = auto).
-    return "asyncio"
-
-
-@pytest.fixture(scope="session")
 def zephyr_lora_files() -> str:
     return "/nonexistent/zephyr-lora"
