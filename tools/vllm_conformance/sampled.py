@@ -1,0 +1,152 @@
+"""The temperature-1 requests of vLLM's tests, seeded, against Cleave and against vLLM itself.
+
+    ./bazel run //tools/vllm_conformance:sampled -- [--mode pd] [--seeds 12] [--max-tokens 512]
+
+A few of vLLM's tests send a request with no seed and no temperature (SmolLM2's generation
+config sets none, so it samples at 1) and assert something of the sample: that it reaches EOS
+(`finish_reason == "stop"`), or that a schema-constrained answer is `{"result": 2}`. Whether
+one run passes is chance on either server. This tool measures it instead of arguing it: the
+same requests with seeds 0..N-1 (a seed makes vLLM's sampler deterministic) go to a Cleave
+local stack and to vLLM's own OpenAI server serving the same model, one server at a time. It
+prints, per request, how many seeds gave token-identical outputs on the two servers and how
+many met the test's criterion on each. `--max-tokens` bounds each sample (the tests set none,
+so a sample that misses EOS runs to the end of the context); "stop" within the bound is a
+lower bound on the test's pass rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from libs.config.groups import DEFAULT_CACHE_DIR
+from libs.models.resolve import resolve_model
+from tools.local_gateway import local_gateway
+from tools.vllm_conformance.vllm_control import vllm_server
+
+SERVED = "sampled"
+MAX_MODEL_LEN = "4080"  # test_chat_echo's and test_root_path's servers
+SAYING = "Here is a common saying about apple. An apple a day, keeps"
+SCHEMA = {"type": "object", "properties": {"result": {"type": "integer"}}}
+
+
+def _reaches_eos(body: dict[str, Any]) -> bool:
+    return bool(body["choices"][0]["finish_reason"] == "stop")
+
+
+def _is_result_2(body: dict[str, Any]) -> bool:
+    with contextlib.suppress(json.JSONDecodeError):
+        return bool(json.loads(body["choices"][0]["message"]["content"]) == {"result": 2})
+    return False
+
+
+# name -> (the test's request body, the test's criterion)
+REQUESTS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
+    "continue_final_message (test_chat_echo, test_root_path): finish stop": (
+        {
+            "messages": [
+                {"role": "user", "content": "tell me a common saying"},
+                {"role": "assistant", "content": SAYING},
+            ],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+        _reaches_eos,
+    ),
+    'test_response_format_json_schema: answer {"result": 2}': (
+        {
+            "messages": [{"role": "user", "content": 'what is 1+1? The format is "result": 2'}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "foo_test", "schema": SCHEMA}},
+        },
+        _is_result_2,
+    ),
+}
+
+
+def _sample(url: str, body: dict[str, Any], seed: int, *, max_tokens: int) -> dict[str, Any]:
+    request = {**body, "model": SERVED, "seed": seed, "max_tokens": max_tokens, "return_token_ids": True}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=1800)
+    reply.raise_for_status()
+    return dict(reply.json())
+
+
+def _run(url: str, seeds: int, max_tokens: int) -> dict[str, list[dict[str, Any]]]:
+    """Every request with every seed, the seeds of one request concurrently."""
+    results = {}
+    with ThreadPoolExecutor(max_workers=seeds) as pool:
+        for name, (body, _criterion) in REQUESTS.items():
+            results[name] = list(
+                pool.map(functools.partial(_sample, url, body, max_tokens=max_tokens), range(seeds))
+            )
+    return results
+
+
+@contextlib.contextmanager
+def _cleave(model: str, mode: str) -> Iterator[str]:
+    flags = [
+        "--model",
+        model,
+        "--mode",
+        mode,
+        "--served-model-name",
+        SERVED,
+        "--max-model-len",
+        MAX_MODEL_LEN,
+    ]
+    with local_gateway("sampled", flags, 900) as (url, _service):
+        yield url
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", default="pd", help="the Cleave stack's topology")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--seeds", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    args = parser.parse_args(argv)
+    model = str(resolve_model(args.model, DEFAULT_CACHE_DIR / "models", progress=False).path)
+    servers = {
+        f"cleave {args.mode}": lambda: _cleave(model, args.mode),
+        "vllm": lambda: vllm_server(
+            model,
+            SERVED,
+            ["--max-model-len", MAX_MODEL_LEN],
+            {},
+            Path(tempfile.mkdtemp(prefix="sampled-")),
+            900,
+        ),
+    }
+    outputs = {}
+    for label, server in servers.items():
+        with server() as url:
+            print(f"sampled: {label} at {url}", flush=True)
+            outputs[label] = _run(url, args.seeds, args.max_tokens)
+    cleave, vllm = outputs.values()
+    for name, (_body, criterion) in REQUESTS.items():
+        pairs = list(zip(cleave[name], vllm[name], strict=True))
+        same_prompt = sum(a.get("prompt_token_ids") == b.get("prompt_token_ids") for a, b in pairs)
+        same = sum(a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"] for a, b in pairs)
+        passed = {label: sum(criterion(body) for body in runs[name]) for label, runs in outputs.items()}
+        rates = ", ".join(f"{label} {count}/{args.seeds}" for label, count in passed.items())
+        print(f"{name}: prompts identical {same_prompt}/{args.seeds}, outputs token-identical "
+              f"{same}/{args.seeds}; criterion met: {rates}", flush=True)  # fmt: skip
+        for a, b in pairs[:2]:
+            for label, body in (("cleave", a), ("vllm", b)):
+                choice = body["choices"][0]
+                print(f"  {label}: prompt {body.get('prompt_token_ids')} output {choice['token_ids'][:24]}"
+                      f" {choice['message']['content'][:80]!r}", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
