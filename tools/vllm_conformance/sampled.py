@@ -11,7 +11,8 @@ local stack and to vLLM's own OpenAI server serving the same model, one server a
 prints, per request, how many seeds gave token-identical outputs on the two servers and how
 many met the test's criterion on each. `--max-tokens` bounds each sample (the tests set none,
 so a sample that misses EOS runs to the end of the context); "stop" within the bound is a
-lower bound on the test's pass rate.
+lower bound on the test's pass rate. Last, each server's decode rate on the batched chat
+endpoint with two conversations, against test_batched_chat_completions' 60 s timeout.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import functools
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,7 +72,15 @@ REQUESTS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
         },
         _is_result_2,
     ),
+    "test_batched_chat_completions' first conversation: finish stop": (
+        {"messages": [{"role": "user", "content": "Reply with exactly the word: alpha"}]},
+        _reaches_eos,
+    ),
 }
+# test_batched_chat_completions sets no max_tokens and a 60 s client timeout: a sample that
+# misses EOS has to decode to the end of its server's context (2,048) within that minute.
+BATCH_TIMEOUT_S, BATCH_CONTEXT = 60, 2048
+BATCH = [[{"role": "user", "content": f"Reply with exactly the word: {word}"}] for word in ("alpha", "beta")]
 
 
 def _sample(url: str, body: dict[str, Any], seed: int, *, max_tokens: int) -> dict[str, Any]:
@@ -89,6 +99,16 @@ def _run(url: str, seeds: int, max_tokens: int) -> dict[str, list[dict[str, Any]
                 pool.map(functools.partial(_sample, url, body, max_tokens=max_tokens), range(seeds))
             )
     return results
+
+
+def _batch_decode_rate(url: str, max_tokens: int) -> float:
+    """Completion tokens per second per conversation of the batched endpoint, both
+    conversations decoding to `max_tokens` (EOS ignored)."""
+    body = {"model": SERVED, "messages": BATCH, "max_tokens": max_tokens, "ignore_eos": True, "seed": 0}
+    started = time.monotonic()
+    reply = httpx.post(f"{url}/v1/chat/completions/batch", json=body, timeout=1800)
+    reply.raise_for_status()
+    return float(reply.json()["usage"]["completion_tokens"] / len(BATCH) / (time.monotonic() - started))
 
 
 @contextlib.contextmanager
@@ -131,6 +151,10 @@ def main(argv: list[str]) -> int:
         with server() as url:
             print(f"sampled: {label} at {url}", flush=True)
             outputs[label] = _run(url, args.seeds, args.max_tokens)
+            rate = _batch_decode_rate(url, args.max_tokens)
+            print(f"sampled: {label}: the batched endpoint decodes {rate:.1f} tokens/s per conversation "
+                  f"(2 conversations): {BATCH_CONTEXT} tokens take {BATCH_CONTEXT / rate:.0f} s, "
+                  f"the test's timeout is {BATCH_TIMEOUT_S} s", flush=True)  # fmt: skip
     cleave, vllm = outputs.values()
     for name, (_body, criterion) in REQUESTS.items():
         pairs = list(zip(cleave[name], vllm[name], strict=True))
