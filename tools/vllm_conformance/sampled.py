@@ -52,9 +52,10 @@ def _is_result_2(body: dict[str, Any]) -> bool:
     return False
 
 
+CONTINUE = "continue_final_message (test_chat_echo, test_root_path): finish stop"
 # name -> (the test's request body, the test's criterion)
 REQUESTS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
-    "continue_final_message (test_chat_echo, test_root_path): finish stop": (
+    CONTINUE: (
         {
             "messages": [
                 {"role": "user", "content": "tell me a common saying"},
@@ -101,6 +102,21 @@ def _run(url: str, seeds: int, max_tokens: int) -> dict[str, list[dict[str, Any]
     return results
 
 
+def _fresh_unseeded(url: str) -> list[dict[str, Any]]:
+    """test_chat_echo's module as it runs: its first two generations on a fresh server are the
+    continue request (echo on, then off), unseeded and with no max_tokens, one after the
+    other. With no seed a sample is fixed by its place in the engine's random stream, so these
+    show whether both servers draw the same samples at the same places."""
+    body, _criterion = REQUESTS[CONTINUE]
+    samples = []
+    for echo in (True, False):
+        request = {**body, "model": SERVED, "echo": echo, "return_token_ids": True}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=1800)
+        reply.raise_for_status()
+        samples.append(dict(reply.json()))
+    return samples
+
+
 def _batch_decode_rate(url: str, max_tokens: int) -> float:
     """Completion tokens per second per conversation of the batched endpoint, both
     conversations decoding to `max_tokens` (EOS ignored)."""
@@ -112,8 +128,10 @@ def _batch_decode_rate(url: str, max_tokens: int) -> float:
 
 
 @contextlib.contextmanager
-def _cleave(model: str, mode: str) -> Iterator[str]:
+def _cleave(model: str, mode: str, dtype: str) -> Iterator[str]:
     flags = [
+        "--dtype",
+        dtype,
         "--model",
         model,
         "--mode",
@@ -133,28 +151,41 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--seeds", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument(
+        "--dtype", default="float16", help="both servers' dtype (test_chat_echo's and test_root_path's: float16)"
+    )
     args = parser.parse_args(argv)
     model = str(resolve_model(args.model, DEFAULT_CACHE_DIR / "models", progress=False).path)
     servers = {
-        f"cleave {args.mode}": lambda: _cleave(model, args.mode),
+        f"cleave {args.mode}": lambda: _cleave(model, args.mode, args.dtype),
         "vllm": lambda: vllm_server(
             model,
             SERVED,
-            ["--max-model-len", MAX_MODEL_LEN],
+            # test_chat_echo's own serve arguments
+            ["--max-model-len", MAX_MODEL_LEN, "--dtype", args.dtype, "--enforce-eager"],
             {},
             Path(tempfile.mkdtemp(prefix="sampled-")),
             900,
         ),
     }
-    outputs = {}
+    outputs, fresh = {}, {}
     for label, server in servers.items():
         with server() as url:
             print(f"sampled: {label} at {url}", flush=True)
+            fresh[label] = _fresh_unseeded(url)
             outputs[label] = _run(url, args.seeds, args.max_tokens)
             rate = _batch_decode_rate(url, args.max_tokens)
             print(f"sampled: {label}: the batched endpoint decodes {rate:.1f} tokens/s per conversation "
                   f"(2 conversations): {BATCH_CONTEXT} tokens take {BATCH_CONTEXT / rate:.0f} s, "
                   f"the test's timeout is {BATCH_TIMEOUT_S} s", flush=True)  # fmt: skip
+    for index, pair in enumerate(zip(*fresh.values(), strict=True)):
+        same = pair[0]["choices"][0]["token_ids"] == pair[1]["choices"][0]["token_ids"]
+        print(f"fresh server, unseeded generation {index + 1} (test_chat_echo's case {index}): "
+              f"token-identical {same}", flush=True)  # fmt: skip
+        for label, body in zip(fresh, pair, strict=True):
+            choice = body["choices"][0]
+            print(f"  {label}: finish {choice['finish_reason']}, {len(choice['token_ids'])} tokens "
+                  f"{choice['token_ids'][:16]}", flush=True)  # fmt: skip
     cleave, vllm = outputs.values()
     for name, (_body, criterion) in REQUESTS.items():
         pairs = list(zip(cleave[name], vllm[name], strict=True))
