@@ -14,11 +14,11 @@ def test_flags_the_gateway_shares_with_vllm_pass_and_gpu_settings_are_named_as_i
          "--gpu-memory-utilization", "0.4", "--enable-lora", "--lora-modules", "a=/x", "--seed", "0"]
     )  # fmt: skip
     assert out.flags == [
-        "--max-model-len", "2048", "--decode-max-num-seqs", "128", "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes", "--max-logprobs", "151936",
+        "--dtype", "bfloat16", "--max-model-len", "2048", "--decode-max-num-seqs", "128",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--max-logprobs", "151936",
     ]  # fmt: skip
     assert out.ignored == [
-        "--dtype bfloat16", "--enforce-eager", "--gpu-memory-utilization 0.4", "--enable-lora",
+        "--enforce-eager", "--gpu-memory-utilization 0.4", "--enable-lora",
         "--lora-modules a=/x", "--seed 0",
     ]  # fmt: skip
 
