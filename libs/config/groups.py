@@ -85,8 +85,11 @@ class EngineFlags:
     kv_cache_dtype: str = flag(
         "auto", help="vLLM cache dtype; mxint8 = Cloud AI's cache, elsewhere the kvstore's format"
     )
+    # vLLM's default is "auto": a client that sets no temperature gets the model's own (e.g.
+    # Llama-3.2-Instruct's 0.6), as from `vllm serve`. qaic_disagg's commands pass "vllm".
     generation_config: str = flag(
-        "vllm", help="'vllm' (vLLM's sampling defaults) or 'auto' (the model's generation_config.json)"
+        "auto",
+        help="'auto' (the model's generation_config.json, vLLM's default) or 'vllm' (vLLM's sampling defaults)",
     )
     # vLLM's --max-logprobs and default: the most logprobs (sampled, top and prompt) a request
     # may ask for per position; the workers report it and the gateway refuses more with
