@@ -15,6 +15,7 @@ _CHAT = "tests/entrypoints/openai/chat_completion/test_chat.py::"
 _TOOLS = "tests/entrypoints/openai/chat_completion/test_completion_with_function_calling.py::"
 _TOKEN_IDS = "tests/entrypoints/openai/test_return_token_ids.py::"
 _AS_IDS = "tests/entrypoints/openai/test_return_tokens_as_ids.py::"
+_BATCHED = "tests/entrypoints/openai/chat_completion/test_batched_chat_completions.py::"
 
 _QWEN3_TOOLS = (
     "Qwen3 with --tool-call-parser hermes and --reasoning-parser qwen3: auto tool calls and "
@@ -59,5 +60,23 @@ DESELECTED: dict[str, str] = {
     ),
     f"{_AS_IDS}test_chat_return_tokens_as_token_ids_completion[False]": (
         "the answer stops mid-emoji at max_tokens: decoded ids end in U+FFFD, the text does not"
+    ),
+}
+
+# Tests that vLLM's own server fails too, in a run of the same selection, and that stay in the
+# run: each samples at temperature 1 without a seed, so what it draws is fixed by its place in
+# the engine's random stream since start-up, and deselecting it would move every later test of
+# its module to another place. They run marked xfail (not strict): "xfailed" is their expected
+# outcome, "xpassed" a chance pass. Measured 2026-12-03 (docs/conformance.md): the module alone
+# on both servers, Cleave pd drew the same samples as vLLM, token for token.
+FAIL_ON_VLLM_TOO: dict[str, str] = {
+    f"{_CHAT}test_structured_outputs_regex_chat": (
+        "unseeded sample: vLLM's own server answers the same IP twice (121.99.120.134) here"
+    ),
+    f"{_CHAT}test_response_format_json_schema": (
+        "unseeded sample: vLLM's own server answers {'result': 2841084232} here"
+    ),
+    f"{_BATCHED}test_batched_chat_completions[Qwen/Qwen2.5-1.5B-Instruct]": (
+        "unseeded samples, no max_tokens, a 60 s client timeout: vLLM's own server runs past it here"
     ),
 }

@@ -152,7 +152,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument(
-        "--dtype", default="float16", help="both servers' dtype (test_chat_echo's and test_root_path's: float16)"
+        "--dtype",
+        default="float16",
+        help="both servers' dtype (test_chat_echo's and test_root_path's: float16)",
     )
     args = parser.parse_args(argv)
     model = str(resolve_model(args.model, DEFAULT_CACHE_DIR / "models", progress=False).path)
