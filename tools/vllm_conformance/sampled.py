@@ -4,7 +4,8 @@
 
 A few of vLLM's tests send a request with no seed and no temperature (SmolLM2's generation
 config sets none, so it samples at 1) and assert something of the sample: that it reaches EOS
-(`finish_reason == "stop"`), or that a schema-constrained answer is `{"result": 2}`. Whether
+(`finish_reason == "stop"`), that a schema-constrained answer is `{"result": 2}`, or that
+a constrained JSON closes before `max_tokens`. Whether
 one run passes is chance on either server. This tool measures it instead of arguing it: the
 same requests with seeds 0..N-1 (a seed makes vLLM's sampler deterministic) go to a Cleave
 local stack and to vLLM's own OpenAI server serving the same model, one server at a time. It
@@ -53,6 +54,38 @@ def _is_result_2(body: dict[str, Any]) -> bool:
 
 
 CONTINUE = "continue_final_message (test_chat_echo, test_root_path): finish stop"
+# tests/entrypoints/conftest.py's sample_json_schema, which test_structured_outputs_json_chat
+# puts into its prompt (as Python's repr of the dict) and constrains the answer to.
+EMPLOYEE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 10}, "minItems": 3},
+        "work_history": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "company": {"type": "string"},
+                    "duration": {"type": "number"},
+                    "position": {"type": "string"},
+                },
+                "required": ["company", "position"],
+            },
+        },
+    },
+    "required": ["name", "age", "skills", "work_history"],
+}
+
+
+def _json_closes(body: dict[str, Any]) -> bool:
+    with contextlib.suppress(json.JSONDecodeError):
+        json.loads(body["choices"][0]["message"]["content"])
+        return bool(body["choices"][0]["finish_reason"] == "stop")
+    return False
+
+
 # name -> (the test's request body, the test's criterion)
 REQUESTS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
     CONTINUE: (
@@ -72,6 +105,20 @@ REQUESTS: dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], bool]]] = {
             "response_format": {"type": "json_schema", "json_schema": {"name": "foo_test", "schema": SCHEMA}},
         },
         _is_result_2,
+    ),
+    "test_structured_outputs_json_chat's first answer: the JSON closes": (
+        {
+            "messages": [
+                {"role": "system", "content": "you are a helpful assistant"},
+                {
+                    "role": "user",
+                    "content": "Give an example JSON for an employee profile that fits this schema: "
+                    f"{EMPLOYEE_SCHEMA}",
+                },
+            ],
+            "structured_outputs": {"json": EMPLOYEE_SCHEMA},
+        },
+        _json_closes,
     ),
     "test_batched_chat_completions' first conversation: finish stop": (
         {"messages": [{"role": "user", "content": "Reply with exactly the word: alpha"}]},
