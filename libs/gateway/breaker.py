@@ -144,6 +144,11 @@ class CircuitBreaker:
 
     def _enter(self, state: BreakerState, reason: str) -> None:
         self._state = state
+        if state is BreakerState.CLOSED:
+            # A streak counts failures while closed. The polls that failed while the worker was
+            # down (its breaker open) must not count against it once a probe has closed it:
+            # with them, one slow poll right after a restart would open it again.
+            self._request_failures = self._poll_failures = 0
         STATE.labels(self._worker, self._role).set(_GAUGE_VALUE[state])
         TRANSITIONS.labels(self._worker, self._role, state.value).inc()
         level = log.warning if state is BreakerState.OPEN else log.info

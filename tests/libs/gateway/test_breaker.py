@@ -75,6 +75,28 @@ def test_after_the_cool_down_one_probe_request_goes_and_its_success_closes() -> 
     assert state_of(b) is BreakerState.CLOSED and b.available()
 
 
+def test_polls_that_failed_while_open_do_not_count_once_a_probe_closed_it() -> None:
+    """A restarted worker: its polls failed while it was down; after the probe closed the
+    breaker, one failed poll is the first of a new streak, not the third."""
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.poll_failed("UNAVAILABLE")
+    assert state_of(b) is BreakerState.OPEN
+    b.poll_failed("UNAVAILABLE")
+    b.poll_failed("UNAVAILABLE")
+    clock.now += 5.0
+    b.start_request()
+    b.request_succeeded()
+    b.end_request()
+    assert state_of(b) is BreakerState.CLOSED
+    b.poll_failed("DEADLINE_EXCEEDED")
+    b.poll_failed("DEADLINE_EXCEEDED")
+    assert state_of(b) is BreakerState.CLOSED
+    b.poll_failed("DEADLINE_EXCEEDED")
+    assert state_of(b) is BreakerState.OPEN
+
+
 def test_an_answered_poll_after_the_cool_down_closes() -> None:
     clock = Clock()
     b = breaker(clock, failures_to_open=1)
