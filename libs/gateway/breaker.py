@@ -14,7 +14,8 @@ States:
   requests is probed ever more rarely), up to `max_cooldown_s`.
 - half-open (after the cool-down): one request at a time is let through as a probe, and the
   stats poller's next GetStats is a probe too; the first success closes the breaker, a failure
-  opens it again.
+  opens it again. A probe request that succeeds closes it even when the poll's probe failed
+  while it ran.
 
 A new breaker (unless told it starts closed) starts half-open: the worker's first answered
 poll closes it (the pool polls every worker once before it serves).
@@ -112,7 +113,11 @@ class CircuitBreaker:
     def request_succeeded(self) -> None:
         self._request_failures = 0
         self._openings = 0
-        if self.state is BreakerState.HALF_OPEN:
+        if self.state is not BreakerState.CLOSED:
+            # The request was let through as the half-open probe. The stats poll probes at the
+            # same time, and if its GetStats timed out while this request ran (a worker just
+            # restarted, busy with its first prompt), it reopened the breaker meanwhile. A
+            # request served end to end is the stronger evidence: close.
             self._enter(BreakerState.CLOSED, "probe request succeeded")
 
     def request_failed(self, reason: str) -> None:

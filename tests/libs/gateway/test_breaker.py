@@ -97,6 +97,20 @@ def test_polls_that_failed_while_open_do_not_count_once_a_probe_closed_it() -> N
     assert state_of(b) is BreakerState.OPEN
 
 
+def test_a_probe_request_that_succeeds_closes_even_if_a_poll_probe_failed_meanwhile() -> None:
+    clock = Clock()
+    b = breaker(clock, failures_to_open=1)
+    b.request_failed("UNAVAILABLE")
+    clock.now += 5.0
+    assert state_of(b) is BreakerState.HALF_OPEN
+    b.start_request()
+    b.poll_failed("DEADLINE_EXCEEDED")  # the poller's probe, while the request runs
+    assert state_of(b) is BreakerState.OPEN
+    b.request_succeeded()
+    b.end_request()
+    assert state_of(b) is BreakerState.CLOSED and b.available()
+
+
 def test_an_answered_poll_after_the_cool_down_closes() -> None:
     clock = Clock()
     b = breaker(clock, failures_to_open=1)
