@@ -7,12 +7,15 @@ waits) and decode only (after each first token: the part speculation changes; th
 prefill and KV handoff before the first token are the same with and without it).
 
 ./bazel run //tools/bench:speculative -- --max-tokens 256 --draft-model smollm2
+./bazel run //tools/bench:speculative -- --ngram-tokens 5,8,12 --draft-model '' \
+    --stack-flags '--decode-device-group 0-1'
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -77,6 +80,7 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
         args.model,
         "--cache-dir",
         str(log_dir / "cache"),
+        *shlex.split(args.stack_flags),
         *extra,
     ]
     service: Service = start_service(
@@ -141,17 +145,25 @@ def main() -> int:
     )
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--ngram-tokens", type=int, default=5, help="num_speculative_tokens for n-gram")
+    parser.add_argument(
+        "--ngram-tokens",
+        default="5",
+        help="num_speculative_tokens for n-gram; a comma-separated list runs one stack per value",
+    )
     parser.add_argument("--draft-model", default="smollm2", help="draft model; '' skips the draft-model run")
     parser.add_argument("--draft-tokens", type=int, default=3, help="num_speculative_tokens for the draft")
+    parser.add_argument(
+        "--stack-flags",
+        default="",
+        help="gateway flags for every stack, e.g. '--decode-device-group 0-1' (default: 1p1d's own halves)",
+    )
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="cleave-bench-speculative-"))
-    systems = [
-        ("plain", []),
-        ("ngram", ["--decode-speculative-config",
-                   f'{{"method": "ngram", "num_speculative_tokens": {args.ngram_tokens}}}']),
-    ]  # fmt: skip
+    systems: list[tuple[str, list[str]]] = [("plain", [])]
+    for tokens in (int(n) for n in args.ngram_tokens.split(",")):
+        systems.append((f"ngram-{tokens}", ["--decode-speculative-config",
+                        f'{{"method": "ngram", "num_speculative_tokens": {tokens}}}']))  # fmt: skip
     if args.draft_model:
         systems.append(("draft-model", ["--decode-speculative-config",
                         f'{{"speculative_model": "{args.draft_model}", "num_speculative_tokens": {args.draft_tokens}}}']))  # fmt: skip
@@ -167,16 +179,17 @@ def main() -> int:
     plain = results[0]
     print(
         f"\n{len(PROMPTS)} repetitive prompts x {args.max_tokens} tokens, one at a time, 1p1d, {args.model}"
+        + (f", stack flags {args.stack_flags!r}" if args.stack_flags else "")
     )
     print(
-        f"{'system':<12} {'tok/s':>8} {'vs plain':>9} {'decode tok/s':>13} {'vs plain':>9} "
+        f"{'system':<14} {'tok/s':>8} {'vs plain':>9} {'decode tok/s':>13} {'vs plain':>9} "
         f"{'TTFT mean s':>12} {'acceptance':>11} {'mean accepted length':>21}"
     )
     for r in results:
         rate = f"{r.spec['acceptance_rate']:.2f}" if r.spec["drafts"] else "-"
         length = f"{r.spec['mean_accepted_length']:.2f}" if r.spec["drafts"] else "-"
         print(
-            f"{r.name:<12} {r.tok_s:>8.1f} {r.tok_s / plain.tok_s:>8.2f}x {r.decode_tok_s:>13.1f} "
+            f"{r.name:<14} {r.tok_s:>8.1f} {r.tok_s / plain.tok_s:>8.2f}x {r.decode_tok_s:>13.1f} "
             f"{r.decode_tok_s / plain.decode_tok_s:>8.2f}x {r.first_token_seconds / r.requests:>12.3f} "
             f"{rate:>11} {length:>21}"
         )
