@@ -8,7 +8,7 @@ prefill and KV handoff before the first token are the same with and without it).
 
 ./bazel run //tools/bench:speculative -- --max-tokens 256 --draft-model smollm2
 ./bazel run //tools/bench:speculative -- --ngram-tokens 5,8,12 --draft-model '' \
-    --stack-flags '--decode-device-group 0-1'
+    --stack-flags '--prefill-device-group 0-3 --decode-device-group 4-15'
 """
 
 from __future__ import annotations
@@ -139,6 +139,17 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
     return Result(name, tokens, seconds, first_token_seconds, len(PROMPTS), spec)
 
 
+def _token_counts(text: str) -> tuple[int, ...]:
+    """'5' or '5,8,12' -> num_speculative_tokens values, each >= 1."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers like 5,8,12, got {text!r}") from None
+    if any(count < 1 for count in counts):
+        raise argparse.ArgumentTypeError(f"each count must be >= 1, got {text!r}")
+    return counts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,7 +158,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument(
         "--ngram-tokens",
-        default="5",
+        type=_token_counts,
+        default=(5,),
         help="num_speculative_tokens for n-gram; a comma-separated list runs one stack per value",
     )
     parser.add_argument("--draft-model", default="smollm2", help="draft model; '' skips the draft-model run")
@@ -155,13 +167,14 @@ def main() -> int:
     parser.add_argument(
         "--stack-flags",
         default="",
-        help="gateway flags for every stack, e.g. '--decode-device-group 0-1' (default: 1p1d's own halves)",
+        help="gateway flags for every stack, e.g. '--prefill-device-group 0-3 --decode-device-group 4-15' "
+        "(default: none; 1p1d splits the cores in halves)",
     )
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="cleave-bench-speculative-"))
     systems: list[tuple[str, list[str]]] = [("plain", [])]
-    for tokens in (int(n) for n in args.ngram_tokens.split(",")):
+    for tokens in args.ngram_tokens:
         systems.append((f"ngram-{tokens}", ["--decode-speculative-config",
                         f'{{"method": "ngram", "num_speculative_tokens": {tokens}}}']))  # fmt: skip
     if args.draft_model:
