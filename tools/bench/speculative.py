@@ -7,6 +7,7 @@ waits) and decode only (after each first token: the part speculation changes; th
 prefill and KV handoff before the first token are the same with and without it).
 
 ./bazel run //tools/bench:speculative -- --max-tokens 256 --draft-model smollm2
+./bazel run //tools/bench:speculative -- --ngram-tokens 8,12 --draft-model '' --rounds 3
 ./bazel run //tools/bench:speculative -- --ngram-tokens 5,8,12 --draft-model '' \
     --stack-flags '--prefill-device-group 0-3 --decode-device-group 4-15'
 """
@@ -16,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +142,24 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
     return Result(name, tokens, seconds, first_token_seconds, len(PROMPTS), spec)
 
 
+def _median_spread(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
+def rounds_summary(rounds: Sequence[Sequence[Result]]) -> list[str]:
+    """Each system's speed-up over the same round's plain stack (the first result of every
+    round), as median [min-max] over the rounds: the ratio is taken within a round, where the
+    machine's state is shared, then summarised."""
+    lines = [f"{'system':<14} {'rounds':>6} {'tok/s vs plain':>24} {'decode tok/s vs plain':>24}"]
+    for position, first in enumerate(rounds[0]):
+        ratios = [r[position].tok_s / r[0].tok_s for r in rounds]
+        decode = [r[position].decode_tok_s / r[0].decode_tok_s for r in rounds]
+        lines.append(
+            f"{first.name:<14} {len(rounds):>6} {_median_spread(ratios):>24} {_median_spread(decode):>24}"
+        )
+    return lines
+
+
 def _token_counts(text: str) -> tuple[int, ...]:
     """'5' or '5,8,12' -> num_speculative_tokens values, each >= 1."""
     try:
@@ -148,6 +169,26 @@ def _token_counts(text: str) -> tuple[int, ...]:
     if any(count < 1 for count in counts):
         raise argparse.ArgumentTypeError(f"each count must be >= 1, got {text!r}")
     return counts
+
+
+def print_round(results: Sequence[Result], args: argparse.Namespace, number: int) -> None:
+    plain = results[0]
+    print(
+        f"\nround {number}: {len(PROMPTS)} repetitive prompts x {args.max_tokens} tokens, one at a time, "
+        f"1p1d, {args.model}" + (f", stack flags {args.stack_flags!r}" if args.stack_flags else "")
+    )
+    print(
+        f"{'system':<14} {'tok/s':>8} {'vs plain':>9} {'decode tok/s':>13} {'vs plain':>9} "
+        f"{'TTFT mean s':>12} {'acceptance':>11} {'mean accepted length':>21}"
+    )
+    for r in results:
+        rate = f"{r.spec['acceptance_rate']:.2f}" if r.spec["drafts"] else "-"
+        length = f"{r.spec['mean_accepted_length']:.2f}" if r.spec["drafts"] else "-"
+        print(
+            f"{r.name:<14} {r.tok_s:>8.1f} {r.tok_s / plain.tok_s:>8.2f}x {r.decode_tok_s:>13.1f} "
+            f"{r.decode_tok_s / plain.decode_tok_s:>8.2f}x {r.first_token_seconds / r.requests:>12.3f} "
+            f"{rate:>11} {length:>21}"
+        )
 
 
 def main() -> int:
@@ -170,8 +211,16 @@ def main() -> int:
         help="gateway flags for every stack, e.g. '--prefill-device-group 0-3 --decode-device-group 4-15' "
         "(default: none; 1p1d splits the cores in halves)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every system this many times, in turn; ratios as median [min-max]",
+    )
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     log_dir = Path(tempfile.mkdtemp(prefix="cleave-bench-speculative-"))
     systems: list[tuple[str, list[str]]] = [("plain", [])]
     for tokens in args.ngram_tokens:
@@ -180,32 +229,23 @@ def main() -> int:
     if args.draft_model:
         systems.append(("draft-model", ["--decode-speculative-config",
                         f'{{"speculative_model": "{args.draft_model}", "num_speculative_tokens": {args.draft_tokens}}}']))  # fmt: skip
-    results = []
-    for name, extra in systems:
-        result = run_system(name, extra, args, log_dir)
-        results.append(result)
-        print(
-            f"{name}: {result.tokens} tokens in {result.seconds:.1f} s = {result.tok_s:.1f} tok/s "
-            f"(first tokens {result.first_token_seconds:.2f} s in all; decode {result.decode_tok_s:.1f} tok/s)",
-            flush=True,
-        )
-    plain = results[0]
-    print(
-        f"\n{len(PROMPTS)} repetitive prompts x {args.max_tokens} tokens, one at a time, 1p1d, {args.model}"
-        + (f", stack flags {args.stack_flags!r}" if args.stack_flags else "")
-    )
-    print(
-        f"{'system':<14} {'tok/s':>8} {'vs plain':>9} {'decode tok/s':>13} {'vs plain':>9} "
-        f"{'TTFT mean s':>12} {'acceptance':>11} {'mean accepted length':>21}"
-    )
-    for r in results:
-        rate = f"{r.spec['acceptance_rate']:.2f}" if r.spec["drafts"] else "-"
-        length = f"{r.spec['mean_accepted_length']:.2f}" if r.spec["drafts"] else "-"
-        print(
-            f"{r.name:<14} {r.tok_s:>8.1f} {r.tok_s / plain.tok_s:>8.2f}x {r.decode_tok_s:>13.1f} "
-            f"{r.decode_tok_s / plain.decode_tok_s:>8.2f}x {r.first_token_seconds / r.requests:>12.3f} "
-            f"{rate:>11} {length:>21}"
-        )
+    rounds: list[list[Result]] = []
+    for number in range(1, args.rounds + 1):
+        results = []
+        for name, extra in systems:
+            result = run_system(name, extra, args, log_dir)
+            results.append(result)
+            print(
+                f"round {number}, {name}: {result.tokens} tokens in {result.seconds:.1f} s = "
+                f"{result.tok_s:.1f} tok/s (first tokens {result.first_token_seconds:.2f} s in all; "
+                f"decode {result.decode_tok_s:.1f} tok/s)",
+                flush=True,
+            )
+        rounds.append(results)
+        print_round(results, args, number)
+    if args.rounds > 1:
+        print(f"\nover {args.rounds} rounds (each ratio within its round):")
+        print("\n".join(rounds_summary(rounds)))
     print(f"logs in {log_dir}")
     return 0
 
