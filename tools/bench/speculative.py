@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from libs.config.flags import parse
 from libs.stack.launcher import Service, start_service
 from services.gateway.config import GatewayConfig
+from tools.bench.systems.rounds import spread
 
 # Text whose continuation repeats what the prompt already holds: the n-gram drafter's case.
 PROMPTS = [
@@ -143,7 +143,10 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
 
 
 def _median_spread(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+    summary = spread(values)  # compare's median, min and max over rounds
+    if summary is None:
+        return "-"
+    return f"{summary.median:.2f}x [{summary.low:.2f}-{summary.high:.2f}]"
 
 
 def rounds_summary(rounds: Sequence[Sequence[Result]]) -> list[str]:
