@@ -66,6 +66,7 @@ async def assemble(
     worker_dns_refresh_s: float = 0.0,
     wait_for_workers_s: float = 0.0,
     disagg: DisaggConfig | None = None,
+    shared_streams: bool = True,
 ) -> GatewayParts:
     """Connects to the services; everything opened is closed by `cleanup`. With
     `worker_dns_refresh_s` > 0 a worker host name stands for all its DNS addresses, looked up
@@ -73,13 +74,13 @@ async def assemble(
     `wait_for_workers_s`: how long to wait for a first worker to answer (workers started
     beside the gateway, in compose or Kubernetes, may still be loading their model)."""
     if worker_dns_refresh_s > 0:
-        pool = WorkerPool({}, security=security, breaker=breaker)
+        pool = WorkerPool({}, security=security, breaker=breaker, shared_streams=shared_streams)
         cleanup.push_async_callback(pool.close)
         discovery = WorkerDiscovery(pool, workers, refresh_s=worker_dns_refresh_s)
         cleanup.push_async_callback(discovery.close)
         await discovery.start()
     else:
-        pool = WorkerPool(workers, security=security, breaker=breaker)
+        pool = WorkerPool(workers, security=security, breaker=breaker, shared_streams=shared_streams)
         cleanup.push_async_callback(pool.close)
     collector = WorkerStatsCollector(pool)
     prometheus_client.REGISTRY.register(collector)

@@ -374,7 +374,7 @@ class Pipeline:
     ) -> AsyncGenerator[SequenceEvent | Finished, None]:
         """One worker's Generate stream as events. Its own failure after tokens were sent raises
         WorkerFailed (the request may move); other failures end the request."""
-        call = endpoint.stub.Generate(request, timeout=spec.deadline.grpc_timeout())
+        call = endpoint.generate(request, spec.deadline.grpc_timeout())
         try:
             async for response in call:
                 kind = response.WhichOneof("kind")

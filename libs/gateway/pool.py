@@ -22,6 +22,7 @@ import structlog
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.gateway.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from libs.gateway.shared_stream import GenerateCall, SharedStream
 from libs.rpc.channel import open_channel
 from libs.rpc.security import RpcSecurity
 
@@ -45,6 +46,10 @@ class Endpoint:
     # What the worker serves (vocabulary, context, max_num_seqs), asked once it first answers a poll.
     info: worker_pb2.WorkerInfo | None = None
     breaker: CircuitBreaker = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+    # The worker's GenerateMany call, which every request to it shares (when it serves one
+    # and `shared_streams` allows: --worker-streams).
+    shared_streams: bool = True
+    shared_stream: SharedStream | None = None
 
     def __post_init__(self) -> None:
         given: CircuitBreaker | None = self.breaker
@@ -56,6 +61,21 @@ class Endpoint:
     def _breaker_changed(self, state: BreakerState) -> None:
         self.healthy = state is BreakerState.CLOSED
 
+    def generate(self, request: worker_pb2.GenerateRequest, timeout: float | None) -> GenerateCall:
+        """The request's Generate stream: on the worker's shared GenerateMany call when it
+        serves one (libs/gateway/shared_stream.py), else a Generate call of its own."""
+        if (
+            self.shared_streams
+            and self.info is not None
+            and self.info.generate_many
+            and request.metadata.request_id
+        ):
+            if self.shared_stream is None:
+                self.shared_stream = SharedStream(self.stub, self.address)
+            return self.shared_stream.open(request, timeout)
+        call: GenerateCall = self.stub.Generate(request, timeout=timeout)
+        return call
+
 
 class WorkerPool:
     def __init__(
@@ -66,7 +86,9 @@ class WorkerPool:
         breaker: BreakerConfig | None = None,
         security: RpcSecurity | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shared_streams: bool = True,
     ) -> None:
+        self._shared_streams = shared_streams  # --worker-streams shared
         self._poll_interval_s = poll_interval_s
         self._poll_timeout_s = poll_timeout_s
         self._breaker = breaker or BreakerConfig()
@@ -108,6 +130,7 @@ class WorkerPool:
             channel,
             stub,
             breaker=CircuitBreaker(address, role, self._breaker, clock=self._clock),
+            shared_streams=self._shared_streams,
         )
         endpoint.breaker.listeners.append(lambda _state: self._changed())
         self.endpoints.append(endpoint)

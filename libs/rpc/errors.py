@@ -89,10 +89,17 @@ async def abort(
     context: grpc.aio.ServicerContext, error: BaseException, *, service: str, method: str
 ) -> NoReturn:
     """Ends a call with the status `error` maps to. Call it from an `except` block."""
-    failure = classify(error, service)
-    _log(failure, service, method)
+    failure = refusal(error, service=service, method=method)
     await context.abort(failure.status, failure.message)
     raise AssertionError("context.abort returned")  # it raises; this keeps mypy honest
+
+
+def refusal(error: BaseException, *, service: str, method: str) -> Failure:
+    """The status a call ends with for `error`, logged as `abort` logs it (for calls that
+    carry several requests and end each one with a status of its own)."""
+    failure = classify(error, service)
+    _log(failure, service, method)
+    return failure
 
 
 def stream_error(error: BaseException, *, service: str, method: str) -> common_pb2.Error:

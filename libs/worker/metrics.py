@@ -46,3 +46,8 @@ SPEC_DECODE_MEAN_ACCEPTED_LENGTH = Gauge(
     "cleave_worker_spec_decode_mean_accepted_length",
     "Tokens per verification step and sequence since start: 1 + accepted / drafts",
 )
+GENERATE_MANY_ITEMS = Histogram(
+    "cleave_worker_generate_many_items",
+    "Responses per GenerateMany message (several requests' tokens of one engine step travel together)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)

@@ -315,6 +315,7 @@ class WorkerService:
             default_max_tokens=_default_max_tokens(info.sampling_defaults),
             max_logprobs=self._config.max_logprobs,
             takes_images=info.takes_images,
+            generate_many=True,
         )
 
     # -- helpers -----------------------------------------------------------------------------

@@ -90,6 +90,15 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
         codec=NON_NEGATIVE_INT,
         help="conditional: ...unless the decode worker already has this many other requests",
     )
+    # libs/gateway/shared_stream.py: one GenerateMany call per worker instead of a Generate
+    # call per request (per-message gRPC cost is most of the serving layer's CPU per token).
+    worker_streams: str = flag(
+        "shared",
+        codec=choice(("shared", "per-request")),
+        help="shared: every request to a worker streams its tokens on one long-lived gRPC call "
+        "(GenerateMany), one message per engine step for all of them; per-request: a Generate "
+        "call per request (workers that serve no GenerateMany get that anyway)",
+    )
     # Not rendered to children (GrpcSecurityFlags is): the gateway makes the token they get.
     grpc_stack_token: bool = flag(
         False,

@@ -88,6 +88,7 @@ async def serve(config: GatewayConfig, edge: HttpEdge, security: RpcSecurity) ->
             # The local stack's workers already serve; given ones may still be loading.
             wait_for_workers_s=0.0 if config.launches_stack else config.wait_for_workers_s,
             disagg=config.disagg(),
+            shared_streams=config.worker_streams == "shared",
         )
         state = GatewayState(
             parts.served_model,

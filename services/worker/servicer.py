@@ -15,6 +15,7 @@ from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.rpc import errors
 from libs.rpc.server import ServiceBinding
 from libs.worker import metrics
+from libs.worker.generate_many import GenerateMany
 from libs.worker.service import WorkerService
 
 log = structlog.get_logger(__name__)
@@ -50,6 +51,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        try:
+            async for response in self._generate(request):
+                yield response
+        except Exception as error:
+            # Nothing streamed yet: a plain status says whose fault it is (INVALID_ARGUMENT:
+            # the client's; UNAVAILABLE: this worker's) before the caller commits to it.
+            await errors.abort(context, error, service=SERVICE, method="Generate")
+
+    async def GenerateMany(
+        self,
+        requests: AsyncIterator[worker_pb2.GenerateManyRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[worker_pb2.GenerateManyResponse]:
+        def refusal(error: BaseException) -> tuple[grpc.StatusCode, str]:
+            failure = errors.refusal(error, service=SERVICE, method="Generate")
+            return failure.status, failure.message
+
+        async for response in GenerateMany(self._generate, refusal).serve(requests):
+            yield response
+
+    async def _generate(
+        self, request: worker_pb2.GenerateRequest
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """One request's Generate stream. Raises what failed it if nothing was streamed yet;
+        a later failure is the stream's typed end (the contract promises complete-or-error)."""
         emitted = completed = False
         try:
             async for response in self._service.generate(request):
@@ -64,10 +90,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             status = errors.classify(error, SERVICE).status
             metrics.REQUESTS.labels("Generate", status.name.lower()).inc()
             if not emitted:
-                # Nothing streamed yet: a plain status says whose fault it is (INVALID_ARGUMENT:
-                # the client's; UNAVAILABLE: this worker's) before the caller commits to it.
-                await errors.abort(context, error, service=SERVICE, method="Generate")
-            # The stream's typed end: the contract promises complete-or-error.
+                raise
             yield worker_pb2.GenerateResponse(
                 error=errors.stream_error(error, service=SERVICE, method="Generate")
             )

@@ -36,6 +36,7 @@ from tools.bench.runner import WARMUP_SEED_OFFSET, BenchError, run_benchmark
 from tools.bench.systems import guidellm, rounds_report, sweep
 from tools.bench.systems.catalog import (
     CALIBRATION_SYSTEMS,
+    VARIANT_SYSTEMS,
     CLEAVE_NIXL_PROGRESS_DELAY_US,
     SYSTEMS,
     VLLM_NIXL_PROGRESS_DELAY_US,
@@ -188,7 +189,7 @@ def parse_args(argv: Sequence[str]) -> CompareOptions:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        systems = _names(args.systems, SYSTEMS + CALIBRATION_SYSTEMS, "system")
+        systems = _names(args.systems, SYSTEMS + CALIBRATION_SYSTEMS + VARIANT_SYSTEMS, "system")
         workloads = _names(args.workloads, WORKLOADS, "workload")
         sizes = CompareSizes(**{name: getattr(args, name) for name in dataclasses.asdict(CompareSizes())})
         settings = ServingSettings(

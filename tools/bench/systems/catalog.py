@@ -29,6 +29,8 @@ SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "cleave-1p
 # Not run by default: tools/bench/reference_server with known latencies, to check what the
 # load generators (tools/bench, GuideLLM) add to what a server does.
 CALIBRATION_SYSTEMS = ("reference",)
+# Not run by default either: variants of a Cleave system for A/B runs of one of its options.
+VARIANT_SYSTEMS = ("cleave-pd-per-request",)
 REFERENCE_TTFT_MS = 200
 REFERENCE_ITL_MS = 50
 # Cleave systems by name: (gateway --mode, whether the stack runs a kvstore).
@@ -37,7 +39,11 @@ _CLEAVE_SYSTEMS = {
     "cleave-1p1d": ("1p1d", False),
     "cleave-1p1d-kvstore": ("1p1d", True),
     "cleave-1p1d-conditional": ("1p1d", False),
+    "cleave-pd-per-request": ("pd", False),
 }
+# Systems whose gateway opens a Generate call per request instead of sharing one GenerateMany
+# call per worker (--worker-streams; libs/gateway/shared_stream.py).
+_PER_REQUEST_STREAMS = frozenset({"cleave-pd-per-request"})
 # Systems whose gateway runs --disagg-policy conditional (libs/gateway/disaggregation.py).
 _CONDITIONAL = frozenset({"cleave-1p1d-conditional"})
 # NIXL's progress thread: Cleave's workers poll every --nixl-progress-delay-us (default 1000);
@@ -314,6 +320,9 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
             f"; conditional disaggregation (prompts of <= {config.local_prefill_max_tokens} uncached tokens,"
             " or long ones while prefill is backed up, prefill on the decode worker)"
         )
+    if name in _PER_REQUEST_STREAMS:
+        config = replace(config, worker_streams="per-request")
+        description += "; a Generate call per request (--worker-streams per-request)"
     if kvstore:
         # Prefill workers save full 256-token chunks to the kvstore; the gateway sends a prompt
         # straight to decode when the kvstore holds all but a short tail of it, and the decode
@@ -367,4 +376,5 @@ def plan_system(name: str, settings: ServingSettings, ports: PortSource) -> Syst
         return _plan_vllm_pd(settings, ports)
     if name in _CLEAVE_SYSTEMS:
         return _plan_cleave(settings, ports, name)
-    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS + CALIBRATION_SYSTEMS)}")
+    known = SYSTEMS + CALIBRATION_SYSTEMS + VARIANT_SYSTEMS
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(known)}")

@@ -1,0 +1,204 @@
+"""GenerateMany's gateway side: one long-lived call per worker carries every request's
+Generate stream (protos/cleave/worker/v1/worker.proto; the worker's side is
+libs/worker/generate_many.py).
+
+Each request gets a `SharedCall` that behaves as the `Generate` call it replaces, so the
+pipeline's failure handling stays the same: it yields the request's responses, raises
+`grpc.aio.AioRpcError` with the status its own call would have ended with (the worker's
+refusal, DEADLINE_EXCEEDED at the request's deadline, or the shared call's own failure for
+every request on it when the worker goes away), and `cancel()` stops it on the worker.
+
+Why one call: per message, grpc.aio costs the gateway more CPU than the token it carries
+(its completion-queue poller thread, the event-loop wake-up); one message per engine step
+for all the worker's requests instead of one per request cuts that by the batch size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol
+
+import grpc
+import grpc.aio
+import structlog
+
+from cleave.worker.v1 import worker_pb2
+
+log = structlog.get_logger(__name__)
+
+_STATUS = {status.value[0]: status for status in grpc.StatusCode}
+_LAST = frozenset({"complete", "error"})
+# The shared call is the worker's connection, not one request's: its log lines and the
+# worker's say so instead of carrying whichever request opened it.
+_CALL_METADATA = (("x-request-id", "generate-many"),)
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class GenerateCall(Protocol):
+    """What the pipeline uses of a Generate call: its responses, and cancel()."""
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class SharedCall:
+    """One request on a worker's shared call, used as its own Generate call would be."""
+
+    def __init__(self, connection: _Connection, request_id: str, timeout: float | None) -> None:
+        self._connection = connection
+        self._request_id = request_id
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._items: asyncio.Queue[worker_pb2.StreamItem | grpc.aio.AioRpcError] = asyncio.Queue()
+        self._ended = False
+
+    def deliver(self, item: worker_pb2.StreamItem | grpc.aio.AioRpcError) -> None:
+        self._items.put_nowait(item)
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        return self._responses()
+
+    async def _responses(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        while not self._ended:
+            item = await self._next()
+            if isinstance(item, grpc.aio.AioRpcError):
+                self._ended = True
+                raise item
+            if item.HasField("status"):
+                self._ended = True
+                self._connection.forget(self._request_id)
+                code = _STATUS.get(item.status.code, grpc.StatusCode.UNKNOWN)
+                if code is grpc.StatusCode.OK:
+                    return
+                raise rpc_error(code, item.status.message)
+            if item.response.WhichOneof("kind") in _LAST:
+                self._ended = True  # the worker sends nothing more for it
+                self._connection.forget(self._request_id)
+            yield item.response
+
+    async def _next(self) -> worker_pb2.StreamItem | grpc.aio.AioRpcError:
+        if not self._items.empty() or self._deadline is None:
+            return await self._items.get()
+        try:
+            async with asyncio.timeout(max(self._deadline - time.monotonic(), 0.0)):
+                return await self._items.get()
+        except TimeoutError:
+            self.cancel()  # as gRPC does at a call's deadline: the worker stops the request
+            return rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def cancel(self) -> bool:
+        """Stops the request on the worker (its engine aborts it); False once it has ended."""
+        if self._ended:
+            return False
+        self._ended = True
+        self._connection.cancel(self._request_id)
+        return True
+
+
+class _Connection:
+    """One GenerateMany call and the requests started on it. When the call fails, every
+    request on it fails with the call's status, as each one's own call would have."""
+
+    def __init__(self, stub: Any, address: str, closed: Callable[[_Connection], None]) -> None:
+        self._address = address
+        self._closed = closed
+        self._call = stub.GenerateMany(metadata=_CALL_METADATA)
+        self._requests: dict[str, SharedCall] = {}
+        self._lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._spawn(self._read())
+
+    def start(self, request: worker_pb2.GenerateRequest, timeout: float | None) -> SharedCall:
+        request_id = request.metadata.request_id
+        call = SharedCall(self, request_id, timeout)
+        if request_id in self._requests:
+            # Only a bug could reuse a running id; this call must not take the other's items.
+            call.deliver(rpc_error(grpc.StatusCode.INTERNAL, f"request id {request_id!r} is already running"))
+            return call
+        self._requests[request_id] = call
+        self._spawn(self._write(worker_pb2.GenerateManyRequest(start=request)))
+        return call
+
+    def forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def cancel(self, request_id: str) -> None:
+        if self._requests.pop(request_id, None) is not None:
+            self._spawn(self._write(worker_pb2.GenerateManyRequest(cancel=request_id)))
+
+    def close(self) -> None:
+        self._call.cancel()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, message: worker_pb2.GenerateManyRequest) -> None:
+        try:
+            async with self._lock:
+                await self._call.write(message)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            # The call has failed or closed: _read fails its requests with the call's status.
+            log.debug("generate_many write failed", address=self._address, error=str(error))
+
+    async def _read(self) -> None:
+        failure: grpc.aio.AioRpcError
+        try:
+            while True:
+                response = await self._call.read()
+                if response is grpc.aio.EOF:
+                    failure = rpc_error(grpc.StatusCode.UNAVAILABLE, "the worker closed its GenerateMany call")
+                    break
+                for item in response.items:
+                    call = self._requests.get(item.request_id)
+                    if call is not None:
+                        call.deliver(item)
+        except grpc.aio.AioRpcError as error:
+            failure = error
+        except asyncio.CancelledError:
+            self._fail(rpc_error(grpc.StatusCode.CANCELLED, "the gateway closed its GenerateMany call"))
+            raise
+        self._fail(failure)
+
+    def _fail(self, failure: grpc.aio.AioRpcError) -> None:
+        self._closed(self)
+        requests, self._requests = self._requests, {}
+        if requests:
+            log.warning(
+                "generate_many call failed",
+                address=self._address,
+                code=failure.code().name,
+                requests=len(requests),
+            )
+        for call in requests.values():
+            call.deliver(failure)
+
+
+class SharedStream:
+    """A worker's GenerateMany call for every request sent to it, opened on first use and
+    again after it fails."""
+
+    def __init__(self, stub: Any, address: str) -> None:
+        self._stub = stub
+        self._address = address
+        self._connection: _Connection | None = None
+
+    def open(self, request: worker_pb2.GenerateRequest, timeout: float | None) -> SharedCall:
+        """Starts `request` (its metadata.request_id set) and returns its call."""
+        if self._connection is None:
+            self._connection = _Connection(self._stub, self._address, self._connection_closed)
+        return self._connection.start(request, timeout)
+
+    def _connection_closed(self, connection: _Connection) -> None:
+        if self._connection is connection:
+            self._connection = None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()

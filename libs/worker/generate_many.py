@@ -1,0 +1,124 @@
+"""GenerateMany's worker side: many requests' Generate streams carried on one gRPC call.
+
+Why: on this path each gRPC message costs the worker and the gateway more CPU than the
+token it carries (grpc.aio's completion queue, its poller thread's wake-up of the event loop,
+a socket write; py-spy puts ~70% of the worker shell's CPU there with one call per request).
+vLLM's output handler wakes every running request in the same loop iteration after an engine
+step, so their responses land in the outbox together and leave as one message. gRPC has no
+batching of its own across calls, which is the gap this fills.
+
+Each request runs exactly as its own Generate call would (`run_one`, the servicer's stream);
+this module only multiplexes: starts, cancels, and the typed end of each request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import structlog
+
+from cleave.worker.v1 import worker_pb2
+from libs.observability.logging import bind_request_id
+from libs.worker import metrics
+
+log = structlog.get_logger(__name__)
+
+# A request's own Generate stream. It raises what failed it when nothing was streamed yet
+# (the call would have ended with that status); later failures are its `error` response.
+RunOne = Callable[[worker_pb2.GenerateRequest], AsyncIterator[worker_pb2.GenerateResponse]]
+# The status a Generate call ends with for an exception (the servicer's mapping; it logs).
+Refusal = Callable[[BaseException], tuple[grpc.StatusCode, str]]
+
+_LAST = frozenset({"complete", "error"})
+
+
+class GenerateMany:
+    """One GenerateMany call: reads starts and cancels, runs each request in its own task,
+    and streams whatever responses are ready, together."""
+
+    def __init__(self, run_one: RunOne, refusal: Refusal) -> None:
+        self._run_one = run_one
+        self._refusal = refusal
+        self._outbox: list[worker_pb2.StreamItem] = []
+        self._ready = asyncio.Event()
+        self._running: dict[str, asyncio.Task[None]] = {}  # by request id, until its last item
+        self._tasks: set[asyncio.Task[None]] = set()  # every request's task until it returns
+
+    async def serve(
+        self, requests: AsyncIterator[worker_pb2.GenerateManyRequest]
+    ) -> AsyncIterator[worker_pb2.GenerateManyResponse]:
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while True:
+                await self._ready.wait()
+                self._ready.clear()
+                if self._outbox:
+                    items, self._outbox = self._outbox, []
+                    metrics.GENERATE_MANY_ITEMS.observe(len(items))
+                    yield worker_pb2.GenerateManyResponse(items=items)
+                if reader.done() and not self._running and not self._outbox:
+                    reader.result()  # the caller's stream failing fails this call
+                    return
+        finally:
+            # The caller went away or closed the call: its requests stop (engine aborts).
+            reader.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def _read(self, requests: AsyncIterator[worker_pb2.GenerateManyRequest]) -> None:
+        try:
+            async for message in requests:
+                kind = message.WhichOneof("kind")
+                if kind == "start":
+                    self._start(message.start)
+                elif kind == "cancel":
+                    task = self._running.pop(message.cancel, None)
+                    if task is not None:
+                        task.cancel()
+        finally:
+            self._ready.set()  # serve() checks whether everything has ended
+
+    def _start(self, request: worker_pb2.GenerateRequest) -> None:
+        request_id = request.metadata.request_id
+        if not request_id or request_id in self._running:
+            reason = "is already running on this call" if request_id else "is required on GenerateMany"
+            self._end(
+                request_id, grpc.StatusCode.INVALID_ARGUMENT, f"request id {request_id!r} {reason}"
+            )
+            return
+        task = asyncio.create_task(self._run(request_id, request))
+        self._running[request_id] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, request_id: str, request: worker_pb2.GenerateRequest) -> None:
+        bind_request_id(request_id)  # this task's own context: its log lines carry the id
+        ended = False
+        try:
+            async for response in self._run_one(request):
+                ended = response.WhichOneof("kind") in _LAST
+                if ended:
+                    # The contract's end: the caller forgets the id, which may start again.
+                    self._running.pop(request_id, None)
+                self._put(worker_pb2.StreamItem(request_id=request_id, response=response))
+            if not ended:
+                self._running.pop(request_id, None)
+                self._end(request_id, grpc.StatusCode.OK, "the stream ended without completing")
+        except asyncio.CancelledError:
+            raise  # cancelled by the caller, who expects nothing more of it
+        except Exception as error:
+            if ended:
+                log.exception("generate_many: a request failed after its last response")
+            else:
+                self._running.pop(request_id, None)
+                self._end(request_id, *self._refusal(error))
+
+    def _end(self, request_id: str, code: grpc.StatusCode, message: str) -> None:
+        status = worker_pb2.StreamStatus(code=code.value[0], message=message)
+        self._put(worker_pb2.StreamItem(request_id=request_id, status=status))
+
+    def _put(self, item: worker_pb2.StreamItem) -> None:
+        self._outbox.append(item)
+        self._ready.set()

@@ -1,0 +1,153 @@
+"""The gateway's shared GenerateMany call against the real worker servicer (fake engine) on
+loopback: each request behaves as its own Generate call would, failures included, because
+the pipeline's fault attribution reads the same statuses from either."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import grpc.aio
+import pytest
+
+from cleave.common.v1 import common_pb2
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.gateway.pool import Endpoint
+from libs.gateway.shared_stream import GenerateCall
+from libs.rpc.channel import open_channel
+from libs.rpc.server import GrpcServer, ServerConfig
+from libs.worker.config import Role, WorkerConfig
+from libs.worker.service import WorkerService
+from services.worker.servicer import WorkerServicer, binding
+from tests.libs.worker.fake_engine import FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+
+def worker(engine: FakeEngine, port: int = 0) -> tuple[GrpcServer, WorkerService]:
+    config = WorkerConfig(role=Role.BOTH, model="/nonexistent", served_model_name="fake")
+    service = WorkerService(config, engine)
+    server = GrpcServer(ServerConfig(port=port, shutdown_grace_s=0), [binding(WorkerServicer(service))])
+    return server, service
+
+
+async def serve(engine: FakeEngine) -> tuple[GrpcServer, Endpoint]:
+    server, service = worker(engine)
+    await server.start()
+    channel = open_channel(server.address)
+    stub = worker_pb2_grpc.WorkerStub(channel)
+    endpoint = Endpoint(server.address, "both", channel, stub, healthy=True, info=service.info())
+    return server, endpoint
+
+
+def request(request_id: str, max_tokens: int = 4, **sampling: object) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(
+        metadata=common_pb2.RequestMetadata(request_id=request_id),
+        prompt_token_ids=[5, 6],
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, **sampling),  # type: ignore[arg-type]
+    )
+
+
+async def drain(call: GenerateCall) -> list[worker_pb2.GenerateResponse]:
+    return [response async for response in call]
+
+
+def tokens(responses: list[worker_pb2.GenerateResponse]) -> list[int]:
+    return [t for r in responses if r.HasField("chunk") for t in r.chunk.token_ids]
+
+
+async def test_requests_on_the_shared_call_stream_what_their_own_calls_do() -> None:
+    server, endpoint = await serve(FakeEngine(token_delay_s=0.01))
+    try:
+        assert endpoint.info is not None and endpoint.info.generate_many
+        shared = await asyncio.gather(*(drain(endpoint.generate(request(f"s{i}"), 10)) for i in range(6)))
+        own = await asyncio.gather(*(drain(endpoint.stub.Generate(request(f"o{i}"), timeout=10)) for i in range(6)))
+        assert endpoint.shared_stream is not None  # the requests did go over GenerateMany
+    finally:
+        await server.stop()
+    assert shared == own
+    assert [r.WhichOneof("kind") for r in shared[0]] == ["chunk"] * 4 + ["complete"]
+    assert tokens(shared[0]) == [7, 8, 9, 10]
+
+
+async def test_a_refused_request_raises_its_own_status_and_the_others_go_on() -> None:
+    server, endpoint = await serve(FakeEngine(token_delay_s=0.01))
+    try:
+        good = asyncio.create_task(drain(endpoint.generate(request("good"), 10)))
+        with pytest.raises(grpc.aio.AioRpcError) as shared:
+            await drain(endpoint.generate(request("bad", stop_token_ids=[70000]), 10))
+        with pytest.raises(grpc.aio.AioRpcError) as own:
+            await drain(endpoint.stub.Generate(request("bad2", stop_token_ids=[70000]), timeout=10))
+        assert tokens(await good) == [7, 8, 9, 10]
+    finally:
+        await server.stop()
+    assert shared.value.code() == own.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert shared.value.details() == own.value.details()
+
+
+async def test_cancel_aborts_the_request_in_the_engine() -> None:
+    engine = FakeEngine(token_delay_s=0.05)
+    server, endpoint = await serve(engine)
+    try:
+        call = endpoint.generate(request("gone", max_tokens=50), 10)
+        stream = call.__aiter__()
+        await anext(stream)
+        assert call.cancel()
+        other = await drain(endpoint.generate(request("next", max_tokens=2), 10))
+        for _ in range(100):
+            if "gone" in engine.aborted:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await server.stop()
+    assert "gone" in engine.aborted
+    assert tokens(other) == [7, 8]
+    assert not call.cancel()  # already ended
+
+
+async def test_the_deadline_ends_a_request_as_grpc_would_and_frees_it() -> None:
+    engine = FakeEngine(token_delay_s=0.2)
+    server, endpoint = await serve(engine)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await drain(endpoint.generate(request("slow", max_tokens=50), 0.3))
+        for _ in range(100):
+            if "slow" in engine.aborted:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await server.stop()
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "slow" in engine.aborted
+
+
+async def test_the_worker_going_away_fails_every_request_on_the_call_and_a_new_call_follows() -> None:
+    server, endpoint = await serve(FakeEngine(token_delay_s=0.05))
+    calls = [endpoint.generate(request(f"r{i}", max_tokens=50), 10) for i in range(3)]
+    streams = [call.__aiter__() for call in calls]
+    for stream in streams:
+        await anext(stream)
+    await server.stop()
+    codes = []
+    for stream in streams:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            async for _ in stream:
+                pass
+        codes.append(raised.value.code())
+    assert codes == [codes[0]] * 3 and codes[0] is not grpc.StatusCode.OK
+    # A worker at the same address again: the next request opens a new call and is served.
+    port = int(endpoint.address.rsplit(":", 1)[1])
+    again, _ = worker(FakeEngine(), port)
+    await again.start()
+    try:
+        for _ in range(50):
+            try:
+                assert tokens(await drain(endpoint.generate(request("after", max_tokens=2), 10))) == [7, 8]
+                break
+            except grpc.aio.AioRpcError as error:
+                assert error.code() is grpc.StatusCode.UNAVAILABLE  # still reconnecting
+                await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the endpoint never served again")
+    finally:
+        await again.stop()
