@@ -1,11 +1,10 @@
 """GenerateMany's worker side: many requests' Generate streams carried on one gRPC call.
 
-Why: on this path each gRPC message costs the worker and the gateway more CPU than the
-token it carries (grpc.aio's completion queue, its poller thread's wake-up of the event loop,
-a socket write; py-spy puts ~70% of the worker shell's CPU there with one call per request).
-vLLM's output handler wakes every running request in the same loop iteration after an engine
-step, so their responses land in the outbox together and leave as one message. gRPC has no
-batching of its own across calls, which is the gap this fills.
+Why: every gRPC message costs the worker and the gateway a fixed amount of CPU (grpc.aio's
+completion queue, the event-loop wake-up, a socket write). vLLM's output handler wakes every
+running request in the same loop iteration after an engine step, so their responses land in
+the outbox together and leave as one message. gRPC has no batching of its own across calls,
+which is the gap this fills (measured in docs/benchmarks.md, 2026-12-05).
 
 Each request runs exactly as its own Generate call would (`run_one`, the servicer's stream);
 this module only multiplexes: starts, cancels, and the typed end of each request.
