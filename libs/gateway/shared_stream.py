@@ -157,7 +157,9 @@ class _Connection:
             while True:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
-                    failure = rpc_error(grpc.StatusCode.UNAVAILABLE, "the worker closed its GenerateMany call")
+                    failure = rpc_error(
+                        grpc.StatusCode.UNAVAILABLE, "the worker closed its GenerateMany call"
+                    )
                     break
                 for item in response.items:
                     call = self._requests.get(item.request_id)

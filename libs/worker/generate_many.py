@@ -83,9 +83,7 @@ class GenerateMany:
         request_id = request.metadata.request_id
         if not request_id or request_id in self._running:
             reason = "is already running on this call" if request_id else "is required on GenerateMany"
-            self._end(
-                request_id, grpc.StatusCode.INVALID_ARGUMENT, f"request id {request_id!r} {reason}"
-            )
+            self._end(request_id, grpc.StatusCode.INVALID_ARGUMENT, f"request id {request_id!r} {reason}")
             return
         task = asyncio.create_task(self._run(request_id, request))
         self._running[request_id] = task

@@ -36,9 +36,9 @@ from tools.bench.runner import WARMUP_SEED_OFFSET, BenchError, run_benchmark
 from tools.bench.systems import guidellm, rounds_report, sweep
 from tools.bench.systems.catalog import (
     CALIBRATION_SYSTEMS,
-    VARIANT_SYSTEMS,
     CLEAVE_NIXL_PROGRESS_DELAY_US,
     SYSTEMS,
+    VARIANT_SYSTEMS,
     VLLM_NIXL_PROGRESS_DELAY_US,
     PortSource,
     ServingSettings,

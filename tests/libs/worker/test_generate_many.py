@@ -28,7 +28,9 @@ class Steps:
         self.event.set()
         self.event = asyncio.Event()
 
-    async def run_one(self, request: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    async def run_one(
+        self, request: worker_pb2.GenerateRequest
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         if not request.prompt_token_ids:
             raise ValueError("empty prompt")
         try:
@@ -46,7 +48,9 @@ def refusal(error: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INVALID_ARGUMENT, str(error)
 
 
-def start(request_id: str, max_tokens: int = 2, prompt: tuple[int, ...] = (1,)) -> worker_pb2.GenerateManyRequest:
+def start(
+    request_id: str, max_tokens: int = 2, prompt: tuple[int, ...] = (1,)
+) -> worker_pb2.GenerateManyRequest:
     return worker_pb2.GenerateManyRequest(
         start=worker_pb2.GenerateRequest(
             metadata=common_pb2.RequestMetadata(request_id=request_id),
@@ -82,7 +86,9 @@ async def settle() -> None:
 
 async def test_one_engine_step_of_several_requests_leaves_as_one_message() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests())))
+    serving = asyncio.create_task(
+        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
+    )
     for request_id in ("a", "b", "c"):
         caller.outgoing.put_nowait(start(request_id))
     await settle()
@@ -104,7 +110,9 @@ async def test_one_engine_step_of_several_requests_leaves_as_one_message() -> No
 
 async def test_cancel_stops_one_request_and_the_others_go_on() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests())))
+    serving = asyncio.create_task(
+        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
+    )
     caller.outgoing.put_nowait(start("keep", max_tokens=2))
     caller.outgoing.put_nowait(start("stop", max_tokens=2))
     await settle()
@@ -124,7 +132,9 @@ async def test_cancel_stops_one_request_and_the_others_go_on() -> None:
 
 async def test_a_refused_request_ends_with_its_status_alone() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests())))
+    serving = asyncio.create_task(
+        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
+    )
     caller.outgoing.put_nowait(start("bad", prompt=()))
     caller.outgoing.put_nowait(start("", max_tokens=1))  # no id: nothing could name its items
     caller.outgoing.put_nowait(start("good", max_tokens=1))
@@ -135,7 +145,10 @@ async def test_a_refused_request_ends_with_its_status_alone() -> None:
     caller.outgoing.put_nowait(None)
     await asyncio.wait_for(serving, 5)
     [bad] = caller.items("bad")
-    assert (bad.status.code, bad.status.message) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], "empty prompt")
+    assert (bad.status.code, bad.status.message) == (
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        "empty prompt",
+    )
     [no_id] = caller.items("")
     assert no_id.status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     good = caller.items("good")
@@ -146,7 +159,9 @@ async def test_a_refused_request_ends_with_its_status_alone() -> None:
 
 async def test_the_caller_going_away_stops_every_request() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests())))
+    serving = asyncio.create_task(
+        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
+    )
     caller.outgoing.put_nowait(start("a", max_tokens=5))
     caller.outgoing.put_nowait(start("b", max_tokens=5))
     await settle()

@@ -17,6 +17,7 @@ from tools.bench.systems.catalog import (
     REFERENCE_ITL_MS,
     REFERENCE_TTFT_MS,
     SYSTEMS,
+    VARIANT_SYSTEMS,
     ServingSettings,
     SystemPlan,
     core_list,
@@ -203,3 +204,13 @@ def test_only_the_conditional_system_runs_conditional_disaggregation() -> None:
                 config = parse_gateway_args(module_args(spec, "services.gateway.main"))
                 expected = "conditional" if name == "cleave-1p1d-conditional" else "always"
                 assert config.disagg_policy == expected, name
+
+
+def test_only_the_per_request_variant_opens_a_generate_call_per_request() -> None:
+    for name in (*SYSTEMS, *VARIANT_SYSTEMS):
+        for spec in plan(name).processes:
+            if "services.gateway.main" in spec.argv:
+                config = parse_gateway_args(module_args(spec, "services.gateway.main"))
+                expected = "per-request" if name == "cleave-pd-per-request" else "shared"
+                assert config.worker_streams == expected, name
+    assert "cleave-pd-per-request" not in SYSTEMS  # an A/B variant, not run by default
