@@ -79,6 +79,11 @@ class Caller:
         return [i for r in self.received for i in r.items if i.request_id == request_id]
 
 
+def serving(steps: Steps, caller: Caller) -> asyncio.Task[None]:
+    """The worker's end of one call, serving `caller`'s requests in the background."""
+    return asyncio.create_task(caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests())))
+
+
 async def settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
@@ -86,9 +91,7 @@ async def settle() -> None:
 
 async def test_one_engine_step_of_several_requests_leaves_as_one_message() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(
-        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
-    )
+    call = serving(steps, caller)
     for request_id in ("a", "b", "c"):
         caller.outgoing.put_nowait(start(request_id))
     await settle()
@@ -99,7 +102,7 @@ async def test_one_engine_step_of_several_requests_leaves_as_one_message() -> No
     steps.step()
     await settle()
     caller.outgoing.put_nowait(None)  # the caller closes its side: the call ends
-    await asyncio.wait_for(serving, 5)
+    await asyncio.wait_for(call, 5)
     for request_id in ("a", "b", "c"):
         kinds = [i.response.WhichOneof("kind") for i in caller.items(request_id)]
         tokens = [t for i in caller.items(request_id) for t in i.response.chunk.token_ids]
@@ -110,9 +113,7 @@ async def test_one_engine_step_of_several_requests_leaves_as_one_message() -> No
 
 async def test_cancel_stops_one_request_and_the_others_go_on() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(
-        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
-    )
+    call = serving(steps, caller)
     caller.outgoing.put_nowait(start("keep", max_tokens=2))
     caller.outgoing.put_nowait(start("stop", max_tokens=2))
     await settle()
@@ -124,7 +125,7 @@ async def test_cancel_stops_one_request_and_the_others_go_on() -> None:
     steps.step()
     await settle()
     caller.outgoing.put_nowait(None)
-    await asyncio.wait_for(serving, 5)
+    await asyncio.wait_for(call, 5)
     assert steps.cancelled == ["stop"]
     assert [i.response.WhichOneof("kind") for i in caller.items("stop")] == ["chunk"]
     assert [i.response.WhichOneof("kind") for i in caller.items("keep")] == ["chunk", "chunk", "complete"]
@@ -132,9 +133,7 @@ async def test_cancel_stops_one_request_and_the_others_go_on() -> None:
 
 async def test_a_refused_request_ends_with_its_status_alone() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(
-        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
-    )
+    call = serving(steps, caller)
     caller.outgoing.put_nowait(start("bad", prompt=()))
     caller.outgoing.put_nowait(start("", max_tokens=1))  # no id: nothing could name its items
     caller.outgoing.put_nowait(start("good", max_tokens=1))
@@ -143,7 +142,7 @@ async def test_a_refused_request_ends_with_its_status_alone() -> None:
     steps.step()
     await settle()
     caller.outgoing.put_nowait(None)
-    await asyncio.wait_for(serving, 5)
+    await asyncio.wait_for(call, 5)
     [bad] = caller.items("bad")
     assert (bad.status.code, bad.status.message) == (
         grpc.StatusCode.INVALID_ARGUMENT.value[0],
@@ -159,14 +158,12 @@ async def test_a_refused_request_ends_with_its_status_alone() -> None:
 
 async def test_the_caller_going_away_stops_every_request() -> None:
     steps, caller = Steps(), Caller()
-    serving = asyncio.create_task(
-        caller.collect(GenerateMany(steps.run_one, refusal).serve(caller.requests()))
-    )
+    call = serving(steps, caller)
     caller.outgoing.put_nowait(start("a", max_tokens=5))
     caller.outgoing.put_nowait(start("b", max_tokens=5))
     await settle()
-    serving.cancel()  # as grpc.aio cancels the handler when the caller's call is cancelled
+    call.cancel()  # as grpc.aio cancels the handler when the caller's call is cancelled
     with pytest.raises(asyncio.CancelledError):
-        await serving
+        await call
     await settle()
     assert sorted(steps.cancelled) == ["a", "b"]
