@@ -13,34 +13,41 @@ this module only multiplexes: starts, cancels, and the typed end of each request
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 
 import grpc
 import structlog
 
 from cleave.worker.v1 import worker_pb2
 from libs.observability.logging import bind_request_id
+from libs.rpc.options import DEFAULT_MAX_MESSAGE_BYTES
 from libs.worker import metrics
 
 log = structlog.get_logger(__name__)
 
 # A request's own Generate stream. It raises what failed it when nothing was streamed yet
 # (the call would have ended with that status); later failures are its `error` response.
-RunOne = Callable[[worker_pb2.GenerateRequest], AsyncIterator[worker_pb2.GenerateResponse]]
+RunOne = Callable[[worker_pb2.GenerateRequest], AsyncGenerator[worker_pb2.GenerateResponse, None]]
 # The status a Generate call ends with for an exception (the servicer's mapping; it logs).
 Refusal = Callable[[BaseException], tuple[grpc.StatusCode, str]]
 
 _LAST = frozenset({"complete", "error"})
+# Room for a message's own framing around its items.
+_MESSAGE_OVERHEAD_BYTES = 1024
 
 
 class GenerateMany:
     """One GenerateMany call: reads starts and cancels, runs each request in its own task,
     and streams whatever responses are ready, together."""
 
-    def __init__(self, run_one: RunOne, refusal: Refusal) -> None:
+    def __init__(
+        self, run_one: RunOne, refusal: Refusal, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ) -> None:
         self._run_one = run_one
         self._refusal = refusal
-        self._outbox: list[worker_pb2.StreamItem] = []
+        self._max_bytes = max_message_bytes - _MESSAGE_OVERHEAD_BYTES
+        self._outbox: list[tuple[worker_pb2.StreamItem, int]] = []  # with each item's size
         self._ready = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}  # by request id, until its last item
         self._tasks: set[asyncio.Task[None]] = set()  # every request's task until it returns
@@ -54,9 +61,10 @@ class GenerateMany:
                 await self._ready.wait()
                 self._ready.clear()
                 if self._outbox:
-                    items, self._outbox = self._outbox, []
-                    metrics.GENERATE_MANY_ITEMS.observe(len(items))
-                    yield worker_pb2.GenerateManyResponse(items=items)
+                    ready, self._outbox = self._outbox, []
+                    for items in self._messages(ready):
+                        metrics.GENERATE_MANY_ITEMS.observe(len(items))
+                        yield worker_pb2.GenerateManyResponse(items=items)
                 if reader.done() and not self._running and not self._outbox:
                     reader.result()  # the caller's stream failing fails this call
                     return
@@ -65,6 +73,21 @@ class GenerateMany:
             reader.cancel()
             for task in list(self._tasks):
                 task.cancel()
+
+    def _messages(
+        self, ready: list[tuple[worker_pb2.StreamItem, int]]
+    ) -> Iterator[list[worker_pb2.StreamItem]]:
+        """The ready items in as few messages as the message size limit allows."""
+        items: list[worker_pb2.StreamItem] = []
+        total = 0
+        for item, size in ready:
+            if items and total + size > self._max_bytes:
+                yield items
+                items, total = [], 0
+            items.append(item)
+            total += size
+        if items:
+            yield items
 
     async def _read(self, requests: AsyncIterator[worker_pb2.GenerateManyRequest]) -> None:
         try:
@@ -94,12 +117,26 @@ class GenerateMany:
         bind_request_id(request_id)  # this task's own context: its log lines carry the id
         ended = False
         try:
-            async for response in self._run_one(request):
-                ended = response.WhichOneof("kind") in _LAST
-                if ended:
-                    # The contract's end: the caller forgets the id, which may start again.
-                    self._running.pop(request_id, None)
-                self._put(worker_pb2.StreamItem(request_id=request_id, response=response))
+            async with aclosing(self._run_one(request)) as responses:
+                async for response in responses:
+                    item = worker_pb2.StreamItem(request_id=request_id, response=response)
+                    size = item.ByteSize()
+                    if size > self._max_bytes:
+                        # On a call of its own this would fail that call alone; here it would
+                        # fail the call every request shares. Closing the stream aborts it.
+                        self._running.pop(request_id, None)
+                        self._end(
+                            request_id,
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"a response of {size} bytes exceeds the {self._max_bytes}-byte message "
+                            "limit; ask for fewer logprobs",
+                        )
+                        return
+                    ended = response.WhichOneof("kind") in _LAST
+                    if ended:
+                        # The contract's end: the caller forgets the id, which may start again.
+                        self._running.pop(request_id, None)
+                    self._put(item, size)
             if not ended:
                 self._running.pop(request_id, None)
                 self._end(request_id, grpc.StatusCode.OK, "the stream ended without completing")
@@ -114,8 +151,9 @@ class GenerateMany:
 
     def _end(self, request_id: str, code: grpc.StatusCode, message: str) -> None:
         status = worker_pb2.StreamStatus(code=code.value[0], message=message)
-        self._put(worker_pb2.StreamItem(request_id=request_id, status=status))
+        item = worker_pb2.StreamItem(request_id=request_id, status=status)
+        self._put(item, item.ByteSize())
 
-    def _put(self, item: worker_pb2.StreamItem) -> None:
-        self._outbox.append(item)
+    def _put(self, item: worker_pb2.StreamItem, size: int) -> None:
+        self._outbox.append((item, size))
         self._ready.set()

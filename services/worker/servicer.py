@@ -4,7 +4,7 @@ libs.rpc.errors (the same mapping as every Cleave servicer)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -73,7 +73,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def _generate(
         self, request: worker_pb2.GenerateRequest
-    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    ) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
         """One request's Generate stream. Raises what failed it if nothing was streamed yet;
         a later failure is the stream's typed end (the contract promises complete-or-error)."""
         emitted = completed = False

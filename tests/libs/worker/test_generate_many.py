@@ -4,7 +4,7 @@ responses ready together leave together, cancels stop one request, refusals end 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 import pytest
@@ -30,7 +30,7 @@ class Steps:
 
     async def run_one(
         self, request: worker_pb2.GenerateRequest
-    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+    ) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
         if not request.prompt_token_ids:
             raise ValueError("empty prompt")
         try:
@@ -167,3 +167,34 @@ async def test_the_caller_going_away_stops_every_request() -> None:
         await call
     await settle()
     assert sorted(steps.cancelled) == ["a", "b"]
+
+
+async def test_a_response_over_the_message_limit_ends_its_request_alone() -> None:
+    async def run_one(
+        request: worker_pb2.GenerateRequest,
+    ) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
+        size = request.sampling.max_tokens  # tokens in the one chunk, ~2 bytes each
+        try:
+            yield worker_pb2.GenerateResponse(chunk=worker_pb2.TokenChunk(token_ids=[1000] * size))
+            yield worker_pb2.GenerateResponse(complete=worker_pb2.GenerateComplete())
+        finally:
+            closed.append(request.metadata.request_id)
+
+    closed: list[str] = []
+    caller = Caller()
+    many = GenerateMany(run_one, refusal, max_message_bytes=1024 + 1000)
+    call = asyncio.create_task(caller.collect(many.serve(caller.requests())))
+    for request_id, tokens in (("small-1", 300), ("huge", 900), ("small-2", 300), ("small-3", 300)):
+        caller.outgoing.put_nowait(start(request_id, max_tokens=tokens))
+    await settle()
+    caller.outgoing.put_nowait(None)
+    await asyncio.wait_for(call, 5)
+    [huge] = caller.items("huge")
+    assert huge.status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "exceeds the 1000-byte message limit" in huge.status.message
+    assert "huge" in closed  # its stream was closed, so the engine aborts it
+    for request_id in ("small-1", "small-2", "small-3"):
+        assert [i.response.WhichOneof("kind") for i in caller.items(request_id)] == ["chunk", "complete"]
+    # Three ~600-byte chunks do not fit one 1000-byte message: each message stays under it.
+    assert len(caller.received) >= 3
+    assert all(r.ByteSize() <= 1024 + 1000 for r in caller.received)
