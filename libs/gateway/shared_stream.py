@@ -135,9 +135,6 @@ class _Connection:
         if self._requests.pop(request_id, None) is not None:
             self._spawn(self._write(worker_pb2.GenerateManyRequest(cancel=request_id)))
 
-    def close(self) -> None:
-        self._call.cancel()
-
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
@@ -188,7 +185,7 @@ class _Connection:
 
 class SharedStream:
     """A worker's GenerateMany call for every request sent to it, opened on first use and
-    again after it fails."""
+    again after it fails. Closing the endpoint's channel ends it (WorkerPool.close, retire)."""
 
     def __init__(self, stub: Any, address: str) -> None:
         self._stub = stub
@@ -204,7 +201,3 @@ class SharedStream:
     def _connection_closed(self, connection: _Connection) -> None:
         if self._connection is connection:
             self._connection = None
-
-    def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
