@@ -9,8 +9,10 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from libs.config.flags import parse
+from libs.gateway.config import GatewayConfig
+from libs.stack.entry_points import ServiceKind
 from libs.stack.launcher import Service, start_service
-from services.gateway.config import GatewayConfig
+from services.entry_points import ENTRY_POINTS
 
 
 def gateway_config(gateway_args: Sequence[str]) -> GatewayConfig:
@@ -25,7 +27,9 @@ def local_gateway(
     """Starts the gateway (its log: `<log dir>/<tool>-gateway.log`); yields its base URL and
     process once it is ready; stops the whole stack afterwards."""
     config = gateway_config(gateway_args)
-    service = start_service(f"{tool}-gateway", "gateway", "services.gateway.main", config, config.log_dir)
+    service = start_service(
+        f"{tool}-gateway", "gateway", ENTRY_POINTS.module(ServiceKind.GATEWAY), config, config.log_dir
+    )
     print(f"{tool}: starting a local stack (log: {service.running.log_path})", file=sys.stderr, flush=True)
     try:
         yield service.wait_http_ready(startup_timeout_s, label=f"{tool}: local stack"), service

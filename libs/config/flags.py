@@ -79,8 +79,9 @@ def flag(
     name: str | None = None,
     count: bool = False,
 ) -> Any:
-    """Declares a dataclass field as a command-line flag. A bool default makes a switch;
-    `count=True` a repeatable flag such as `-v` (`name` may then be a short `-x` name)."""
+    """Declares a dataclass field as a command-line flag. A bool default makes a switch (one
+    that defaults to True also gets a `--no-NAME` form to turn it off); `count=True` a
+    repeatable flag such as `-v` (`name` may then be a short `-x` name)."""
     spec = _FlagSpec(codec=codec, help=help, name=name, switch=isinstance(default, bool), count=count)
     if isinstance(default, (list, dict, set)):
         raise TypeError("flag defaults must be immutable")
@@ -132,7 +133,9 @@ def build_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
         spec: _FlagSpec = field.metadata[_FLAG]
         help_text = spec.help
         if spec.switch:
-            parser.add_argument(name, action="store_true", default=_UNSET, help=help_text)
+            # On by default: `--no-NAME` turns it off (`--NAME` is accepted, and changes nothing).
+            action = argparse.BooleanOptionalAction if field.default is True else "store_true"
+            parser.add_argument(name, action=action, default=_UNSET, help=help_text)
             continue
         if spec.count:
             # argparse's count starts from None, not from a sentinel.
@@ -181,7 +184,7 @@ def render(config: Any) -> list[str]:
             continue
         spec: _FlagSpec = field.metadata[_FLAG]
         if spec.switch:
-            argv.append(name)
+            argv.append(name if value else "--no-" + name.removeprefix("--"))
         elif spec.count:
             argv += [name] * value
         elif value is not None:

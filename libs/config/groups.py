@@ -46,6 +46,35 @@ class ServerFlags:
     )
 
 
+# The seconds a gRPC service takes from SIGTERM to its exit, at most: 5 s under Kubernetes'
+# default terminationGracePeriodSeconds (30), so a pod with the default grace is never
+# SIGKILLed while it drains. Deployments with a longer grace raise both (deploy/).
+DEFAULT_SHUTDOWN_GRACE_S = 25.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpcServingFlags:
+    """How a gRPC service is probed and how it stops (libs/rpc/server.py)."""
+
+    shutdown_grace_s: float = flag(
+        DEFAULT_SHUTDOWN_GRACE_S,
+        codec=FLOAT,
+        help="seconds from SIGTERM to exit, at most: health says NOT_SERVING at once, new calls "
+        "are refused, running ones finish (a worker hands what is left to others before the end); "
+        "keep it under the pod's terminationGracePeriodSeconds",
+    )
+    health_port: int | None = flag(
+        None,
+        codec=PORT,
+        help="also serve the gRPC health service alone, in plaintext, on this port (probes that "
+        "speak neither TLS nor the token: Kubernetes' grpc probe); unset = only on --port",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.shutdown_grace_s >= 0:  # also refuses nan
+            raise ConfigError("--shutdown-grace-s", self.shutdown_grace_s, "a number of seconds >= 0")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoggingFlags:
     log_level: str = flag("info", help="debug, info, warning or error")
@@ -77,6 +106,11 @@ class ModelFlags:
     )
 
 
+class EngineKind(enum.Enum):
+    VLLM = "vllm"
+    MOCK = "mock"
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineFlags:
     """Engine settings every worker of one stack must share (KV moves between them)."""
@@ -93,7 +127,7 @@ class EngineFlags:
     )
     # vLLM's --max-logprobs and default: the most logprobs (sampled, top and prompt) a request
     # may ask for per position; the workers report it and the gateway refuses more with
-    # vLLM's message (libs/gateway/logprob_limits.py).
+    # vLLM's message (libs/gateway/api/logprob_limits.py).
     max_logprobs: int = flag(
         MAX_LOGPROBS_DEFAULT,
         codec=MAX_LOGPROBS,
@@ -106,6 +140,25 @@ class EngineFlags:
         None,
         help="vLLM's structured-outputs config as JSON for every engine, e.g. "
         '\'{"backend": "xgrammar", "disable_any_whitespace": true}\' (no whitespace between JSON tokens)',
+    )
+    # The mock engine (libs/mockengine): a simulator of vLLM's scheduler without a model, for
+    # tests, benchmarks and fleet planning; never for users (its tokens are not a model's).
+    engine: EngineKind = flag(
+        EngineKind.VLLM,
+        codec=enum_of(EngineKind),
+        help="vllm (the model), or mock: a simulator of vLLM's scheduler and KV cache whose "
+        "step times come from --mock-profile (tests, benchmarks, fleet planning; not for users)",
+    )
+    mock_profile: str = flag(
+        "cpu-smollm2",
+        help="mock engine: a profile under libs/mockengine/profiles (cpu-smollm2, h100-llama3-8b, "
+        "zero) or a path to one: the model's facts and the step-time coefficients",
+    )
+    mock_time_scale: float = flag(
+        1.0, codec=FLOAT, help="mock engine: multiplies every simulated duration (10 = ten times slower)"
+    )
+    mock_startup_s: float | None = flag(
+        None, codec=FLOAT, help="mock engine: seconds before it serves (default: the profile's, a real start)"
     )
 
 
@@ -141,6 +194,11 @@ class RoleFlags:
     )
     kv_cache_bytes: int | None = flag(
         None, codec=BYTES, help="KV cache size, e.g. 2GiB (default: 1GiB on CPU, vLLM's share of GPU memory)"
+    )
+    mock_faults: str = flag(
+        "",
+        help="mock engine: faults to inject, e.g. 'crash-at-step=50', 'stall-at-step=20:5', "
+        "'refuse-pulls=2' (libs/mockengine/faults.py)",
     )
 
 

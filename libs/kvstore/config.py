@@ -26,6 +26,12 @@ class KvStoreConfig:
     disk_dir: Path | None = flag(None, codec=PATH, help="local disk tier directory (unset = no disk tier)")
     disk_bytes: int = flag(10 << 30, codec=BYTES, help="local disk tier bound")
     redis_url: str | None = flag(None, help="remote tier, e.g. redis://127.0.0.1:6379 (unset = none)")
+    # A file, not the password: a command line is visible to every local user (ps, /proc) and
+    # to whoever reads a container's or pod's spec. The first line is used (rotation: a
+    # deployment's Redis accepts every line, deploy/).
+    redis_password_file: Path | None = flag(
+        None, codec=PATH, help="file whose first line is the password of --redis-url's Redis (unset = none)"
+    )
     # A file, not the key: a command line is visible to every local user (ps, /proc).
     kv_auth_key_file: Path | None = flag(
         None,
@@ -44,13 +50,8 @@ class KvStoreConfig:
     remote_probe_interval_s: float = 2.0
     # How long a Put waits for the disk and Redis copies before answering anyway.
     write_timeout_s: float = 10.0
-    default_lease_s: float = 30.0
-    max_lease_s: float = 600.0
-    # Leases may pin at most this share of the CPU tier: the rest stays evictable, because
-    # LMCache stages every disk or Redis read in CPU memory and waits for room to free up.
-    max_pinned_fraction: float = 0.5
-    # A chunk larger than this share of the CPU tier is refused: staging it could need
-    # room that pinned chunks hold.
+    # A chunk larger than this share of the CPU tier is refused: staging it would evict most
+    # of what the tier holds (LMCache stages every write and every disk or Redis read there).
     max_chunk_fraction: float = 0.25
 
     def __post_init__(self) -> None:
@@ -68,17 +69,11 @@ class KvStoreConfig:
             )
         if self.chunk_tokens <= 0:
             raise ValueError("chunk_tokens must be positive")
-        if not 0 < self.max_pinned_fraction < 1 or not 0 < self.max_chunk_fraction < 1:
-            raise ValueError("max_pinned_fraction and max_chunk_fraction must be in (0, 1)")
-        if not 0 < self.default_lease_s <= self.max_lease_s:
-            raise ValueError("leases need 0 < default_lease_s <= max_lease_s")
+        if not 0 < self.max_chunk_fraction < 1:
+            raise ValueError("max_chunk_fraction must be in (0, 1)")
         if min(self.remote_timeout_s, self.remote_probe_interval_s, self.write_timeout_s) <= 0:
             raise ValueError("timeouts and intervals must be positive")
 
     @property
     def max_chunk_bytes(self) -> int:
         return int(self.cpu_bytes * self.max_chunk_fraction)
-
-    @property
-    def max_pinned_cpu_bytes(self) -> int:
-        return int(self.cpu_bytes * self.max_pinned_fraction)

@@ -3,8 +3,7 @@ with the few things Cleave needs that LMCache 0.5.6 does not do.
 
 Used from LMCache as is: the CPU allocator (one pool of `cpu_bytes`, 4 KiB-aligned
 allocations), LRU eviction on allocation, the disk writer threads, LRU eviction within
-`disk_bytes`, pin counts that eviction respects, and the file layout (one file per key,
-named by CacheEngineKey.to_string()).
+`disk_bytes`, and the file layout (one file per key, named by CacheEngineKey.to_string()).
 
 Gaps filled here:
 * Eviction counts: LMCache evicts inside allocate()/submit_put_task() and reports nothing
@@ -17,8 +16,6 @@ Gaps filled here:
 * Privacy: LMCache creates the directory and its files with the process umask (usually
   world-readable). KV is the prompt in another form, so the directory is created (or
   tightened) to 0700 and every chunk file is written 0600.
-* Leases pin the entry object (MemoryObj / DiskCacheMetadata) rather than the key, so an
-  unpin can never hit a newer entry stored under the same key.
 """
 
 from __future__ import annotations
@@ -89,25 +86,8 @@ class CpuTier(LocalCPUBackend):
             if key in self.hot_cache:
                 self.cache_policy.update_on_hit(key, self.hot_cache)
 
-    def pin_entry(self, key: CacheEngineKey) -> MemoryObj | None:
-        with self.cpu_lock:
-            obj = self.hot_cache.get(key)
-            if obj is not None:
-                obj.pin()
-            return obj
-
-    def entry_size(self, key: CacheEngineKey) -> int | None:
-        with self.cpu_lock:
-            obj = self.hot_cache.get(key)
-            return None if obj is None else int(obj.get_physical_size())
-
     def drop(self, key: CacheEngineKey) -> None:
-        """Removes a bad entry unless a lease pins it: a forced remove releases the pins,
-        and the lease's later unpin would then free the memory a second time."""
-        with self.cpu_lock:
-            obj = self.hot_cache.get(key)
-            if obj is None or obj.is_pinned:
-                return
+        """Removes a bad entry."""
         self.remove(key, force=True)
 
     def held(self) -> tuple[int, int]:
@@ -163,17 +143,6 @@ class DiskTier(LocalDiskBackend):
             # LMCache's read path raises KeyError when the file vanished under it.
             log.warning("disk tier read failed", key=key.to_string(), error=str(error))
             return None
-
-    def pin_entry(self, key: CacheEngineKey) -> DiskCacheMetadata | None:
-        with self.disk_lock:
-            meta = self.dict.get(key)
-            if meta is not None:
-                meta.pin()
-            return meta
-
-    def unpin_entry(self, meta: DiskCacheMetadata) -> None:
-        with self.disk_lock:
-            meta.unpin()
 
     def drop(self, key: CacheEngineKey) -> None:
         with self.disk_lock:

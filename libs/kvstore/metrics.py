@@ -78,7 +78,6 @@ class KvStoreMetrics:
         self.bytes_capacity = prometheus_client.Gauge(
             "cleave_kvstore_tier_bytes_capacity", "A tier's byte bound", ["tier"], registry=registry
         )
-        self.leases = prometheus_client.Gauge("cleave_kvstore_leases", "Leases in force", registry=registry)
 
     def hit(self, tier: Tier, nbytes: int) -> None:
         with self._lock:

@@ -36,8 +36,9 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import structlog
 from lmcache.utils import CacheEngineKey
@@ -45,6 +46,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
+from libs.config.errors import ConfigError
 from libs.kvstore.local_tiers import CpuTier
 
 log = structlog.get_logger(__name__)
@@ -58,6 +60,25 @@ def with_timeouts(url: str, timeout_s: float) -> str:
     query.setdefault("socket_timeout", str(timeout_s))
     query.setdefault("socket_connect_timeout", str(timeout_s))
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def with_password(url: str, password_file: Path | None) -> str:
+    """The URL with the password of `password_file` (its first line) in it, for redis-py; the
+    URL as given without one. Raises ConfigError naming the flag for an unusable file."""
+    if password_file is None:
+        return url
+    try:
+        lines = [line.strip() for line in password_file.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError("--redis-password-file", str(password_file), f"a readable file ({error})") from None
+    if not lines:
+        raise ConfigError(
+            "--redis-password-file", str(password_file), "a file with a password on its first line"
+        )
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:{quote(lines[0], safe='')}@{host}"))
 
 
 class RemoteUnavailable(Exception):
@@ -88,7 +109,7 @@ class RemoteTier:
         self._max_blob_bytes = max_blob_bytes
         self.backend = RemoteBackend(config, metadata, loop, cpu, dst_device="cpu")
         if self.backend.connection is None:  # LMCache logged why
-            raise RuntimeError(f"LMCache could not create a connector for {config.remote_url}")
+            raise RuntimeError("LMCache could not create a connector for the Redis URL (--redis-url)")
         self._connector = self.backend.connection  # InstrumentedRemoteConnector
         self._redis = self._connector.getWrappedConnector()  # RedisConnector
         self._timeout_s = timeout_s

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from libs.config.codecs import PORT
 from libs.config.flags import flag, group, parse
-from libs.config.groups import GrpcSecurityFlags, LoggingFlags, ServerFlags
+from libs.config.groups import GrpcSecurityFlags, GrpcServingFlags, LoggingFlags, ServerFlags
 from libs.kvstore.config import KvStoreConfig
 
 
 @dataclass(frozen=True, kw_only=True)
-class KvStoreProcessConfig(ServerFlags, LoggingFlags, GrpcSecurityFlags):
+class KvStoreProcessConfig(ServerFlags, GrpcServingFlags, LoggingFlags, GrpcSecurityFlags):
     """Cleave kvstore: KV chunks in memory, on disk and in Redis, found by prompt prefix."""
 
     metrics_port: int | None = flag(None, codec=PORT, help="Prometheus /metrics port (unset = off)")

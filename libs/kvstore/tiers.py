@@ -3,7 +3,7 @@
 LMCache's StorageManager is not used: it creates the backends itself from a config (so the
 subclasses in local_tiers.py could not be slotted in), and its orchestration (write to
 every backend; read in tier order, copying disk and remote hits into CPU memory) is the
-few lines of libs/kvstore/store.py that also need per-tier accounting, checksums and leases.
+few lines of libs/kvstore/store.py that also need per-tier accounting and checksums.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.keys import BLOB_DTYPE
 from libs.kvstore.local_tiers import CpuTier, DiskTier
 from libs.kvstore.metrics import KvStoreMetrics, Tier
-from libs.kvstore.remote import RemoteTier, with_timeouts
+from libs.kvstore.remote import RemoteTier, with_password, with_timeouts
 
 log = structlog.get_logger(__name__)
 
@@ -42,13 +42,16 @@ def lmcache_config(config: KvStoreConfig) -> LMCacheEngineConfig:
         max_local_cpu_size=config.cpu_bytes / GIB,
         local_disk=str(config.disk_dir) if config.disk_dir is not None else None,
         max_local_disk_size=config.disk_bytes / GIB if config.disk_dir is not None else 0.0,
-        remote_url=with_timeouts(config.redis_url, config.remote_timeout_s) if config.redis_url else None,
+        remote_url=(
+            with_timeouts(
+                with_password(config.redis_url, config.redis_password_file), config.remote_timeout_s
+            )
+            if config.redis_url
+            else None
+        ),
         remote_serde="naive",
         save_unfull_chunk=True,
         blocking_timeout_secs=max(1, math.ceil(config.remote_timeout_s)),
-        # LMCache's PinMonitor force-unpins anything pinned longer than this; leases end
-        # earlier, so it is only a backstop.
-        pin_timeout_sec=math.ceil(config.max_lease_s) + 60,
     )
 
 

@@ -38,8 +38,11 @@ def _authorization(metadata: Sequence[tuple[str, str | bytes]] | None) -> bytes:
 
 
 class TokenAuthServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    """Accepts any of `tokens` (a rotation's old and new one)."""
+
+    def __init__(self, tokens: str | Sequence[str]) -> None:
+        accepted = [tokens] if isinstance(tokens, str) else list(tokens)
+        self._expected = [f"Bearer {token}".encode() for token in accepted]
 
     async def intercept_service(
         self,
@@ -48,7 +51,9 @@ class TokenAuthServerInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         method: str = handler_call_details.method
         given = _authorization(handler_call_details.invocation_metadata)
-        if method.startswith(HEALTH_METHOD_PREFIX) or hmac.compare_digest(given, self._expected):
+        # Every token is compared (constant time each), so the time taken says nothing.
+        matches = [hmac.compare_digest(given, expected) for expected in self._expected]
+        if method.startswith(HEALTH_METHOD_PREFIX) or any(matches):
             return await continuation(handler_call_details)
         REFUSED.inc()
         log.warning("grpc call refused: missing or wrong bearer token", method=method, token_sent=bool(given))

@@ -16,8 +16,9 @@ def free_port() -> int:
     """A port that is free now and that the kernel will not hand out by itself.
 
     Only for servers that must be told their port before they bind it and cannot report
-    what they got: NIXL's side channel (vLLM binds it after loading the model) and
-    redis-server in tests. The port is drawn below the kernel's ephemeral range, because
+    what they got: NIXL's side channel (vLLM binds it after loading the model), redis-server
+    in tests and benchmarks, and vLLM's own OpenAI server (tools/vllm_conformance's control
+    run). The port is drawn below the kernel's ephemeral range, because
     ports inside it are given to every bind(0) and to the local end of every outgoing
     connection: a side-channel port picked there was taken by a health-check connection
     before vLLM bound it (1 of 11 stack starts), and vLLM's handshake thread died, leaving the

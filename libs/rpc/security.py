@@ -8,7 +8,9 @@ serves both sides, so a fleet is secured the same way everywhere:
 - a CA bundle: clients verify servers with it, and servers require client certificates
   signed by it (mTLS); clients use TLS whenever a CA or a certificate is given;
 - a token: servers refuse calls without `authorization: Bearer <token>` (auth.py), and
-  clients send it.
+  clients send it. A token file may hold several, one per line: clients send the first,
+  servers accept any of them, which is how a token is rotated without a moment in which two
+  services disagree (docs/deploy.md, "Rotation").
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ class RpcSecurity:
     private_key: bytes | None = field(default=None, repr=False)
     ca_certificates: bytes | None = field(default=None, repr=False)
     server_name: str | None = None  # checked in servers' certificates instead of the host
-    token: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)  # what clients send
+    # What servers accept besides `token` (the other lines of the token file).
+    other_tokens: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def accepted_tokens(self) -> tuple[str, ...]:
+        return (self.token, *self.other_tokens) if self.token else ()
 
     @property
     def tls(self) -> bool:
@@ -86,12 +94,14 @@ def load_security(flags: GrpcSecurityFlags, environ: Mapping[str, str]) -> RpcSe
     if (cert is None) != (key is None):
         name = "--grpc-tls-cert-file" if key is None else "--grpc-tls-key-file"
         raise ConfigError(name, str(cert or key), "--grpc-tls-cert-file and --grpc-tls-key-file together")
+    tokens = _tokens(flags.grpc_token_file, environ)
     return RpcSecurity(
         cert_chain=_read("--grpc-tls-cert-file", cert),
         private_key=_read("--grpc-tls-key-file", key),
         ca_certificates=_read("--grpc-tls-ca-file", flags.grpc_tls_ca_file),
         server_name=flags.grpc_tls_server_name,
-        token=_token(flags.grpc_token_file, environ),
+        token=tokens[0] if tokens else None,
+        other_tokens=tokens[1:],
     )
 
 
@@ -107,20 +117,22 @@ def _read(flag: str, path: Path | None) -> bytes | None:
     return data
 
 
-def _token(path: Path | None, environ: Mapping[str, str]) -> str | None:
+def _tokens(path: Path | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The tokens of `--grpc-token-file` (one per line, the first is sent), else the one in
+    `environ[CLEAVE_GRPC_TOKEN]`; () when neither is given."""
     if path is None:
         text = environ.get(TOKEN_ENV)
         if text is None:
-            return None
-        source, value = TOKEN_ENV, "(environment)"
+            return ()
+        source, value, tokens = TOKEN_ENV, "(environment)", [text.strip()]
     else:
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError("--grpc-token-file", str(path), f"a readable text file ({error})") from None
         source, value = "--grpc-token-file", str(path)
-    token = text.strip()
-    # The token travels in an HTTP/2 header: visible ASCII only, and never echoed in errors.
-    if not token or not all(33 <= ord(c) <= 126 for c in token):
-        raise ConfigError(source, value, "a non-empty token of printable ASCII without spaces")
-    return token
+        tokens = [line.strip() for line in text.splitlines() if line.strip()]
+    # A token travels in an HTTP/2 header: visible ASCII only, and never echoed in errors.
+    if not tokens or not all(token and all(33 <= ord(c) <= 126 for c in token) for token in tokens):
+        raise ConfigError(source, value, "non-empty tokens of printable ASCII without spaces, one per line")
+    return tuple(tokens)

@@ -39,8 +39,8 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags, ToolParserFlags, ChatTe
     mode: Topology = flag(
         parse_mode("1p1d"),
         codec=MODE,
-        help="local stack topology: 'pd' (colocated), 'XpYd' (e.g. 1p1d, 2p1d), or with vision "
-        "encoders 'XeYpd' (e.g. 1e1pd) or 'XeYpZd' (e.g. 1e1p1d, 2e1p1d)",
+        help="local stack topology: 'pd' (colocated), 'Npd' (N colocated workers, e.g. 2pd), 'XpYd' "
+        "(e.g. 1p1d, 2p1d), or with vision encoders 'XeYpd' (e.g. 1e1pd) or 'XeYpZd' (e.g. 1e1p1d, 2e1p1d)",
     )
     prefill: StackRole = group("prefill", factory=StackRole)
     # Colocated (pd) workers take the decode role's settings.
@@ -54,6 +54,11 @@ class StackConfig(LoggingFlags, ModelFlags, EngineFlags, ToolParserFlags, ChatTe
         "encoder serves (the workers encode images in-engine); off: data: URLs only",
     )
     image_fetch_timeout_s: float = flag(10.0, codec=FLOAT, help="time limit of one image fetch")
+    allow_private_image_urls: bool = flag(
+        False,
+        help="with --allow-image-urls, fetch from private, loopback and link-local addresses too "
+        "(off: public addresses only, checked after DNS and after every redirect)",
+    )
     allow_device_overlap: bool = flag(False, help="let prefill and decode share devices")
     startup_timeout_s: float = flag(900.0, codec=FLOAT, help="local stack: seconds to wait for every service")
     # Fleet-wide prefix KV: a running kvstore's address for the local stack's workers, or

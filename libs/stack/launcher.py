@@ -3,8 +3,9 @@ addressed through the port each one binds itself, ready when its gRPC health say
 
 Each child gets `--port 0 --port-file F` (unless a port was asked for): it binds whatever
 port the kernel gives and writes it to F, so no port is ever picked by one process and bound
-by another. Children run `python -m services.<name>.main` with this process's import path,
-so the same code and packages serve under `bazel run` and from a checkout.
+by another. Children run `python -m MODULE` (their entry point: entry_points.py) with this
+process's import path, so the same code and packages serve under `bazel run` and from a
+checkout.
 
 LocalStack.watch supervises them: a child that crashes is restarted (restarts.py) on the
 address it had, which is the one the gateway's worker pool and the other services know.
@@ -29,7 +30,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.config.flags import render
-from libs.config.groups import GrpcSecurityFlags
+from libs.config.groups import DEFAULT_SHUTDOWN_GRACE_S, GrpcSecurityFlags
 from libs.rpc.channel import open_channel
 from libs.rpc.ports import read_port_file
 from libs.rpc.security import RpcSecurity, load_security
@@ -282,9 +283,10 @@ class LocalStack:
         service.restart_at = now + delay
         log.warning("restarting", service=service.name, in_s=delay)
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = DEFAULT_SHUTDOWN_GRACE_S + 10) -> None:
         """SIGTERM every child at once (graceful drains overlap), then SIGKILL what is left by
-        the deadline, vLLM's engines too. Nothing is restarted from here on."""
+        the deadline, vLLM's engines too: the children's own --shutdown-grace-s (their default)
+        and the engines' exit fit in it. Nothing is restarted from here on."""
         self.stopping = True
         deadline = time.monotonic() + timeout_s
         known = [(s.running, s.running.begin_stop()) for s in reversed(self.services)]

@@ -27,14 +27,16 @@ from libs.config.groups import (
     RoleFlags,
     ToolParserFlags,
 )
+from libs.config.roles import Role
 from libs.encoder.server_config import EncoderConfig
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.models.resolve import resolve_model
 from libs.stack.config import StackConfig, StackRole, usable_cores
+from libs.stack.entry_points import EntryPoints, ServiceKind
 from libs.stack.launcher import LocalStack
 from libs.tokenization.server_config import TokenizerServerConfig
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
 from libs.worker.speculative import Method, parse_speculative_config
 
 log = structlog.get_logger(__name__)
@@ -43,10 +45,13 @@ log = structlog.get_logger(__name__)
 @dataclass(frozen=True)
 class StackAddresses:
     tokenizer: str
-    workers: dict[str, list[str]]  # role (prefill, decode, both) -> addresses
+    workers: dict[Role, list[str]]  # the worker role -> addresses
     served_model: str
     kvstore: str | None
     encoders: tuple[str, ...] = ()  # vision encoder services (modes XeYpd, XeYpZd)
+    # The config the stack's workers were made from (model resolved, device groups set): more
+    # workers like them are made from it (the planner's local connector). None: given addresses.
+    config: StackConfig | None = None
 
 
 def split_cores(cores: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -82,6 +87,22 @@ def with_default_groups(config: StackConfig, cores: tuple[int, ...]) -> StackCon
         prefill=replace(config.prefill, device_group=prefill_group),
         decode=replace(config.decode, device_group=decode_group),
     )
+
+
+def colocated_groups(config: StackConfig, cores: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Device groups of the colocated workers: one worker keeps its --decode-device-group (or
+    none: every core it may use); several split that group, or the usable cores, into equal
+    consecutive slices, so colocated engines never share a core (as prefill and decode do
+    not). Fewer cores than workers: no split (they share)."""
+    count = config.mode.colocated
+    given = config.decode.device_group
+    if count <= 1:
+        return [given] * count
+    pool = tuple(sorted(given or cores))
+    if len(pool) < count:
+        return [given] * count
+    size = len(pool) // count
+    return [pool[i * size : (i + 1) * size] for i in range(count)]
 
 
 def worker_config(
@@ -132,13 +153,16 @@ def kvstore_config(config: StackConfig, security: GrpcSecurityFlags) -> KvStoreP
     )
 
 
-def _start_kvstore(config: StackConfig, stack: LocalStack, security: GrpcSecurityFlags) -> str | None:
+def _start_kvstore(
+    config: StackConfig, stack: LocalStack, entry_points: EntryPoints, security: GrpcSecurityFlags
+) -> str | None:
     """The kvstore the workers use: the one given, one started here, or none."""
     if not config.kvstore:
         return config.kvstore_address
     kvstore = kvstore_config(config, security)
     # The workers need its address on their command lines.
-    return stack.start("kvstore", "kvstore", "services.kvstore.main", kvstore).wait_bound()
+    module = entry_points.module(ServiceKind.KVSTORE)
+    return stack.start("kvstore", "kvstore", module, kvstore).wait_bound()
 
 
 def encoder_config(
@@ -159,6 +183,7 @@ def encoder_config(
         max_num_seqs=options.max_num_seqs,
         allow_image_urls=config.allow_image_urls,
         image_fetch_timeout_s=config.image_fetch_timeout_s,
+        allow_private_image_urls=config.allow_private_image_urls,
     )
 
 
@@ -180,19 +205,23 @@ def tokenizer_config(
 async def launch(
     config: StackConfig,
     stack: LocalStack,
+    *,
+    entry_points: EntryPoints,
     security: GrpcSecurityFlags = GrpcSecurityFlags(),  # noqa: B008 (frozen)
 ) -> StackAddresses:
-    """Starts the tokenizer, the kvstore (if asked) and the workers; returns once all serve.
-    The stack restarts crashed children by the config's --restart-* policy from then on.
-    Every child gets `security`'s flags: it serves, and calls the others, with them."""
+    """Starts the tokenizer, the kvstore (if asked) and the workers, each from its entry
+    point in `entry_points` (the services layer's: services/entry_points.py); returns once
+    all serve. The stack restarts crashed children by the config's --restart-* policy from
+    then on. Every child gets `security`'s flags: it serves, and calls the others, with them."""
     stack.restart_policy = config.restart_policy
     resolved = resolve_model(
         config.model, config.model_cache_dir, progress=True, allow_download=config.allow_model_download
     )
     served = config.served_model_name or resolved.served_name
     config = replace(config, model=str(resolved.path), served_model_name=served)
-    stack.start("tokenizer", "tokenizer", "services.tokenizer.main", tokenizer_config(config, security))
-    kvstore_address = _start_kvstore(config, stack, security)
+    tokenizer = tokenizer_config(config, security)
+    stack.start("tokenizer", "tokenizer", entry_points.module(ServiceKind.TOKENIZER), tokenizer)
+    kvstore_address = _start_kvstore(config, stack, entry_points, security)
     config = with_default_groups(config, usable_cores())
     topology = config.mode
     # (name prefix, role, how many, options): colocated workers take the decode options.
@@ -202,24 +231,28 @@ async def launch(
         ("decode", Role.DECODE, topology.decode, config.decode),
     ]
     for i in range(topology.encode):
-        stack.start(f"encode-{i}", "encode", "services.encoder.main", encoder_config(config, i, security))
+        encoder = encoder_config(config, i, security)
+        stack.start(f"encode-{i}", "encode", entry_points.module(ServiceKind.ENCODER), encoder)
+    groups = colocated_groups(config, usable_cores())
     for prefix, role, count, options in launches:
         for i in range(count):
+            if role is Role.BOTH and count > 1:
+                options = replace(config.decode, device_group=groups[i])
             worker = worker_config(config, role, options, i, kvstore_address, security)
             if topology.encode:
                 # Prompts with images come with the encoder's embeddings (decode takes them
                 # only when it computes a prompt itself: no handoff).
                 worker = replace(worker, enable_mm_embeds=True)
-            stack.start(f"{prefix}-{i}", role.value, "services.worker.main", worker)
+            stack.start(f"{prefix}-{i}", role.value, entry_points.module(ServiceKind.WORKER), worker)
     print(
         f"cleave: starting a local {topology.name} stack with {served} (logs in {stack.log_dir})",
         file=sys.stderr,
         flush=True,
     )
     await stack.wait_ready(config.startup_timeout_s)
-    workers = {role: stack.addresses(role) for role in ("prefill", "decode", "both")}
+    workers = {role: stack.addresses(role.value) for role in Role}
     encoders = tuple(stack.addresses("encode")) if topology.encode else ()
-    return StackAddresses(stack.addresses("tokenizer")[0], workers, served, kvstore_address, encoders)
+    return StackAddresses(stack.addresses("tokenizer")[0], workers, served, kvstore_address, encoders, config)
 
 
 def write_stack_token(directory: Path) -> Path:

@@ -1,4 +1,5 @@
-"""`--mode` parsing: `pd` (colocated), `XpYd` (X prefill, Y decode workers), and with vision
+"""`--mode` parsing: `pd` (one colocated worker), `Npd` (N colocated workers, e.g. `2pd`),
+`XpYd` (X prefill, Y decode workers), and with vision
 encoders (the reference's xEyPD / xEyPzD): `XeYpd` (X encoders, Y colocated workers) and
 `XeYpZd` (X encoders, Y prefill, Z decode workers)."""
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from libs.config.errors import ConfigError
 
 _DISAGGREGATED = re.compile(r"^(\d+)p(\d+)d$")
+_COLOCATED = re.compile(r"^(\d+)pd$")
 _ENCODE_COLOCATED = re.compile(r"^(\d+)e(\d+)pd$")
 _ENCODE_DISAGGREGATED = re.compile(r"^(\d+)e(\d+)p(\d+)d$")
 
@@ -26,12 +28,17 @@ class Topology:
         if self.encode:
             workers = f"{self.colocated}pd" if self.colocated else f"{self.prefill}p{self.decode}d"
             return f"{self.encode}e{workers}"
-        return "pd" if self.colocated else f"{self.prefill}p{self.decode}d"
+        if self.colocated:
+            return "pd" if self.colocated == 1 else f"{self.colocated}pd"
+        return f"{self.prefill}p{self.decode}d"
 
 
 def parse_mode(text: str) -> Topology:
     if text == "pd":
         return Topology(prefill=0, decode=0, colocated=1)
+    match = _COLOCATED.match(text)
+    if match and int(match.group(1)) >= 1:
+        return Topology(prefill=0, decode=0, colocated=int(match.group(1)))
     match = _DISAGGREGATED.match(text)
     if match and int(match.group(1)) >= 1 and int(match.group(2)) >= 1:
         return Topology(prefill=int(match.group(1)), decode=int(match.group(2)), colocated=0)
@@ -45,6 +52,7 @@ def parse_mode(text: str) -> Topology:
     raise ConfigError(
         "--mode",
         text,
-        "'pd' (colocated), 'XpYd' (e.g. '1p1d'), or with vision encoders 'XeYpd' (e.g. '1e1pd') "
+        "'pd' (colocated), 'Npd' (N colocated workers, e.g. '2pd'), 'XpYd' (e.g. '1p1d'), or with "
+        "vision encoders 'XeYpd' (e.g. '1e1pd') "
         "or 'XeYpZd' (e.g. '1e1p1d', '2e1p1d'), every count >= 1",
     )

@@ -12,23 +12,21 @@ caller that gives up while waiting costs nothing.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from libs.config.cpus import usable_cpus
 from libs.tokenization.tokenizer import Tokenizer
 
 T = TypeVar("T")
 
 
 def default_concurrency() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """The CPUs this process may use: its cores, capped by its container's CPU quota (a pod
+    without a cpuset sees the node's cores; libs/config/cpus.py)."""
+    return usable_cpus()
 
 
 class TokenizerThreads:

@@ -10,6 +10,7 @@ from libs.config.flags import flag, parse
 from libs.config.groups import (
     ChatTemplateFlags,
     GrpcSecurityFlags,
+    GrpcServingFlags,
     LoggingFlags,
     ModelFlags,
     ServerFlags,
@@ -19,7 +20,13 @@ from libs.config.groups import (
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizerServerConfig(
-    ServerFlags, LoggingFlags, ModelFlags, GrpcSecurityFlags, ToolParserFlags, ChatTemplateFlags
+    ServerFlags,
+    GrpcServingFlags,
+    LoggingFlags,
+    ModelFlags,
+    GrpcSecurityFlags,
+    ToolParserFlags,
+    ChatTemplateFlags,
 ):
     """Cleave tokenizer: chat templates, tokenize, streaming detokenize with stop strings.
 

@@ -13,12 +13,14 @@ from libs.config.flags import INT, Codec, flag
 from libs.config.groups import (
     EngineFlags,
     GrpcSecurityFlags,
+    GrpcServingFlags,
     KvStoreClientFlags,
     LoggingFlags,
     ModelFlags,
     RoleFlags,
     ServerFlags,
 )
+from libs.config.roles import Role
 from libs.worker.speculative import Method, SpeculativeSpec, parse_speculative_config
 
 
@@ -48,10 +50,15 @@ def _is_ip(text: str) -> bool:
 HOSTS: Codec[tuple[str, ...]] = Codec(_parse_hosts, ",".join)
 
 
-class Role(enum.Enum):
-    PREFILL = "prefill"  # computes prompts' KV and hands it over
-    DECODE = "decode"  # loads handed-over KV and generates
-    BOTH = "both"  # colocated: no transfer
+def _parse_names(flag_name: str, text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if "/" in name or ":" in name or _is_ip(name):
+            raise ConfigError(flag_name, text, f"comma-separated DNS names without ports; bad item {name!r}")
+    return names
+
+
+NAMES: Codec[tuple[str, ...]] = Codec(_parse_names, ",".join)
 
 
 class Device(enum.Enum):
@@ -62,13 +69,23 @@ class Device(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig(
-    ServerFlags, LoggingFlags, ModelFlags, EngineFlags, RoleFlags, KvStoreClientFlags, GrpcSecurityFlags
+    ServerFlags,
+    GrpcServingFlags,
+    LoggingFlags,
+    ModelFlags,
+    EngineFlags,
+    RoleFlags,
+    KvStoreClientFlags,
+    GrpcSecurityFlags,
 ):
     """Cleave engine worker (vLLM): prefill, decode or both."""
 
     role: Role = flag(Role.BOTH, codec=enum_of(Role), help="prefill, decode or both (colocated)")
     device: Device = flag(Device.CPU, codec=enum_of(Device), help="cpu, cuda or qaic")
     metrics_port: int | None = flag(None, codec=PORT, help="Prometheus /metrics port (unset = off)")
+    # 127.0.0.1 by default: a scraper on another host (Prometheus in a cluster) needs the pod's
+    # address, e.g. 0.0.0.0 behind a NetworkPolicy (deploy/k8s).
+    metrics_host: str = flag("127.0.0.1", help="address /metrics listens on (with --metrics-port)")
     block_size: int | None = flag(None, codec=POSITIVE_INT, help="KV block size in tokens (default: vLLM's)")
     # KV handoff (NIXL) side channel this worker listens on (prefill) or uses (decode).
     kv_host: str = flag("127.0.0.1", help="NIXL side-channel host")
@@ -80,6 +97,14 @@ class WorkerConfig(
         codec=HOSTS,
         help="hosts or networks (comma-separated, e.g. 10.244.0.0/16) whose prefill KV a decode "
         "worker pulls, besides loopback and its own --kv-host",
+    )
+    # Kubernetes: the prefill workers' headless Service, whose answer is the ready prefill pods
+    # (peers.py): no network range written into the manifests.
+    kv_allowed_dns: tuple[str, ...] = flag(
+        (),
+        codec=NAMES,
+        help="host names (comma-separated, e.g. the prefill workers' headless Service) whose DNS "
+        "addresses a decode worker pulls KV from, looked up again when a handoff names a new one",
     )
     nixl_progress_delay_us: int = flag(
         1000,
@@ -113,6 +138,7 @@ class WorkerConfig(
         return Path(self.model)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.kv_lease_s < 6:
             # vLLM renews leases every lease/6 seconds (integer division).
             raise ConfigError("--kv-lease-s", self.kv_lease_s, "at least 6 seconds")

@@ -7,7 +7,7 @@ same protocol. Outputs are deltas: each step carries only the new tokens of each
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from libs.kvlayout.layout import KvFacts
@@ -54,6 +54,22 @@ class EngineStep:
 
 
 @dataclass(frozen=True)
+class SchedulerLimits:
+    """What the engine's scheduler takes, named as vLLM's SchedulerConfig names it. Each engine
+    fills it by name from its scheduler's own config (`of`), and the worker reports every field
+    under the same name in WorkerInfo (reports.py): a limit the gateway needs is a field here,
+    one in WorkerInfo and its use. 0: the engine does not say."""
+
+    max_num_seqs: int = 0  # sequences one step runs at most
+    max_num_batched_tokens: int = 0  # tokens one step schedules at most
+
+    @classmethod
+    def of(cls, scheduler_config: object) -> SchedulerLimits:
+        found = {f.name: getattr(scheduler_config, f.name, None) for f in fields(cls)}
+        return cls(**{name: int(value) for name, value in found.items() if value is not None})
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     model: str
     vocab_size: int
@@ -67,6 +83,7 @@ class EngineInfo:
     sampling_defaults: Mapping[str, float] = field(default_factory=dict)
     # A vision-language model: generate() takes `images` (the engine runs the vision tower).
     takes_images: bool = False
+    scheduler: SchedulerLimits = field(default_factory=SchedulerLimits)
 
 
 @dataclass
@@ -78,6 +95,9 @@ class EngineStats:
     prompt_tokens_local_cache_hit: int = 0
     prompt_tokens_external: int = 0
     requests_finished: int = 0
+    # How many scheduler snapshots these stats have taken in: a fact is reflected here only
+    # when the count has moved since it happened (the engine reports after each step).
+    updates: int = 0
     # Cumulative kvstore connector counters (lookups, tokens_loaded, ...); empty without one.
     kvstore: dict[str, float] = field(default_factory=dict)
     # Cumulative NIXL handoff reads (decode side): transfers, seconds, bytes, failures.

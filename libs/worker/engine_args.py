@@ -14,7 +14,8 @@ from typing import Any
 from libs.config.errors import ConfigError
 from libs.config.flags import compose, render
 from libs.config.groups import CpuBinding, GrpcSecurityFlags
-from libs.worker.config import Device, Role, WorkerConfig
+from libs.config.roles import Role
+from libs.worker.config import Device, WorkerConfig
 from libs.worker.speculative import vllm_speculative_kwargs
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
@@ -179,11 +180,14 @@ def draft_cpu_cores(config: WorkerConfig) -> tuple[int, ...]:
 
 
 def engine_environment(
-    config: WorkerConfig, usable_cores: Collection[int], inherited_preload: str = ""
+    config: WorkerConfig,
+    usable_cores: Collection[int],
+    inherited_preload: str = "",
+    cpu_limit: int | None = None,
 ) -> dict[str, str]:
     """Environment variables vLLM must see before the engine starts; `usable_cores`: the cores
     this process may run on; `inherited_preload`: this process's LD_PRELOAD, kept after
-    Cleave's."""
+    Cleave's; `cpu_limit`: the CPUs its container's quota allows (libs/config/cpus.py)."""
     env = {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": config.kv_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(config.kv_port),
@@ -205,10 +209,28 @@ def engine_environment(
         env["LD_PRELOAD"] = ":".join(p for p in (config.openmp_library, inherited_preload) if p)
     if config.device is Device.CPU:
         # Always set, so that a VLLM_CPU_OMP_THREADS_BIND this process inherited never decides.
-        if config.cpu_binding is CpuBinding.CORES:
+        if quota_bound(config, usable_cores, cpu_limit):
+            # A container whose quota allows fewer CPUs than the cores it sees (a pod without a
+            # cpuset sees the node's): as many threads as the quota, on no core in particular
+            # (bound to the first few, every such pod on a node would share the same ones).
+            env["VLLM_CPU_OMP_THREADS_BIND"] = CpuBinding.NOBIND.value
+            env["OMP_NUM_THREADS"] = str(cpu_limit)
+        elif config.cpu_binding is CpuBinding.CORES:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(i) for i in cpu_cores(config, usable_cores))
         else:
             env["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_binding.value
     elif config.device is Device.CUDA and config.device_group:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.device_group)
     return env
+
+
+def quota_bound(config: WorkerConfig, usable_cores: Collection[int], cpu_limit: int | None) -> bool:
+    """Whether a CPU engine's threads follow the container's CPU quota rather than its cores:
+    no device group given, the default binding, and a quota below the cores it may use."""
+    return (
+        config.device is Device.CPU
+        and not config.device_group
+        and config.cpu_binding is CpuBinding.CORES
+        and cpu_limit is not None
+        and cpu_limit < len(usable_cores)
+    )

@@ -7,7 +7,10 @@ the outbox together and leave as one message. gRPC has no batching of its own ac
 which is the gap this fills (measured in docs/benchmarks.md, 2026-12-05).
 
 Each request runs exactly as its own Generate call would (`run_one`, the servicer's stream);
-this module only multiplexes: starts, cancels, and the typed end of each request.
+this module only multiplexes: starts, cancels, and the typed end of each request. A draining
+worker (drain.py) refuses new starts like any new request; the call ends once the requests
+it carries have, so that it does not hold up the server's stop (the gateway opens another
+call on its next request, and takes the end, with nothing running on it, as a drain).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from cleave.worker.v1 import worker_pb2
 from libs.observability.logging import bind_request_id
 from libs.rpc.options import DEFAULT_MAX_MESSAGE_BYTES
 from libs.worker import metrics
+from libs.worker.drain import DrainState
 
 log = structlog.get_logger(__name__)
 
@@ -42,8 +46,13 @@ class GenerateMany:
     and streams whatever responses are ready, together."""
 
     def __init__(
-        self, run_one: RunOne, refusal: Refusal, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+        self,
+        run_one: RunOne,
+        refusal: Refusal,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        drain: DrainState | None = None,
     ) -> None:
+        self._drain = drain
         self._run_one = run_one
         self._refusal = refusal
         self._max_bytes = max_message_bytes - _MESSAGE_OVERHEAD_BYTES
@@ -56,6 +65,7 @@ class GenerateMany:
         self, requests: AsyncIterator[worker_pb2.GenerateManyRequest]
     ) -> AsyncIterator[worker_pb2.GenerateManyResponse]:
         reader = asyncio.create_task(self._read(requests))
+        unsubscribe = self._drain.subscribe(self._ready.set) if self._drain is not None else None
         try:
             while True:
                 await self._ready.wait()
@@ -68,7 +78,11 @@ class GenerateMany:
                 if reader.done() and not self._running and not self._outbox:
                     reader.result()  # the caller's stream failing fails this call
                     return
+                if self._drained():
+                    return  # nothing runs on this call any more, and nothing will
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             # The caller went away or closed the call: its requests stop (engine aborts).
             reader.cancel()
             for task in list(self._tasks):
@@ -111,7 +125,22 @@ class GenerateMany:
         task = asyncio.create_task(self._run(request_id, request))
         self._running[request_id] = task
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._drain is not None and self._drain.draining:
+            self._ready.set()  # serve() checks whether the call is drained
+
+    def _drained(self) -> bool:
+        """Draining, and every request of this call has ended (its task too)."""
+        return (
+            self._drain is not None
+            and self._drain.draining
+            and not self._running
+            and not self._outbox
+            and not self._tasks
+        )
 
     async def _run(self, request_id: str, request: worker_pb2.GenerateRequest) -> None:
         bind_request_id(request_id)  # this task's own context: its log lines carry the id

@@ -6,9 +6,10 @@ from (or, for ReleaseKv, notify). Whoever can call a decode worker could otherwi
 at any machine, or at KV that no prefill is holding. So a descriptor must carry a lease
 (every prefill sets one; a missing one means it was not made by a prefill) that has not
 expired, and its host must be one the worker was told to trust: loopback, the worker's own
---kv-host (a prefill on the same machine) or one of --kv-allowed-hosts. Host names are
-compared as written, without DNS; an entry written as a network (`10.244.0.0/16`) trusts every
-address in it, for clusters whose prefill pods get addresses only when they start.
+--kv-host (a prefill on the same machine), one of --kv-allowed-hosts, or an address of a
+--kv-allowed-dns name (peers.py: on Kubernetes, the prefill workers' headless Service). Host
+names in --kv-allowed-hosts are compared as written, without DNS; an entry written as a network
+(`10.244.0.0/16`) trusts every address in it.
 """
 
 from __future__ import annotations
@@ -103,15 +104,23 @@ def trusted_hosts(kv_host: str, allowed: Iterable[str]) -> frozenset[str]:
     return frozenset(h.lower() for h in (kv_host, *allowed) if h)
 
 
-def check_peer(handoff: worker_pb2.KvHandoff, trusted: frozenset[str]) -> None:
-    """Raises UntrustedPeer unless the descriptor's NIXL peer is a host this worker trusts."""
+def check_peer(
+    handoff: worker_pb2.KvHandoff, trusted: frozenset[str], resolved: frozenset[str] = frozenset()
+) -> None:
+    """Raises UntrustedPeer unless the descriptor's NIXL peer is a host this worker trusts;
+    `resolved`: the addresses of its --kv-allowed-dns names (peers.py)."""
     host = handoff.host
     if not host:  # malformed, not forged: the caller's mistake
         raise InvalidRequest("KV handoff names no host")
-    if not (is_loopback(host) or host.lower() in trusted or _in_trusted_network(host, trusted)):
+    if not (
+        is_loopback(host)
+        or host.lower() in trusted
+        or host.strip("[]").lower() in resolved
+        or _in_trusted_network(host, trusted)
+    ):
         raise UntrustedPeer(
             f"KV handoff names host {host!r}, which this worker does not pull from "
-            "(loopback, its --kv-host and --kv-allowed-hosts)"
+            "(loopback, its --kv-host, --kv-allowed-hosts and the addresses of --kv-allowed-dns)"
         )
     if not 0 < handoff.port < 65536:
         raise InvalidRequest(f"KV handoff names port {handoff.port}, not 1..65535")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from libs.observability.metrics import RPC_BUCKETS_S, TTFT_BUCKETS_S
+from libs.rpc.metrics import RpcMetrics
 
 PREFILL_SECONDS = Histogram(
     "cleave_worker_prefill_seconds", "Prefill time: prompt KV and the first token", buckets=TTFT_BUCKETS_S
@@ -17,6 +18,8 @@ REQUESTS = Counter("cleave_worker_requests_total", "Worker RPCs by method and ou
 RPC_SECONDS = Histogram(
     "cleave_worker_rpc_seconds", "Worker RPC duration by method", ["method"], buckets=RPC_BUCKETS_S
 )
+# What the servicer's methods record through libs/rpc (methods.py, metrics.py).
+RPC = RpcMetrics(REQUESTS, RPC_SECONDS)
 KV_CACHE_USAGE = Gauge("cleave_worker_kv_cache_usage", "Fraction of KV cache blocks in use")
 PROMPT_TOKENS = Gauge(
     "cleave_worker_prompt_tokens",
@@ -50,4 +53,11 @@ GENERATE_MANY_ITEMS = Histogram(
     "cleave_worker_generate_many_items",
     "Responses per GenerateMany message (several requests' tokens of one engine step travel together)",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+DRAIN_REFUSED = Counter(
+    "cleave_worker_drain_refused_total", "Requests refused because the worker was draining (shutting down)"
+)
+DRAIN_HANDED_OFF = Counter(
+    "cleave_worker_drain_handed_off_total",
+    "Running requests a draining worker ended for the gateway to move elsewhere (its grace ran out)",
 )

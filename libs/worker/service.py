@@ -1,24 +1,25 @@
 """The worker's request logic, independent of gRPC: validation, sampling, KV handoff,
-leases, cancellation, stats. The gRPC servicer (services/worker) only adapts messages."""
+leases, cancellation. The gRPC servicer (services/worker) only adapts messages; engine
+outputs become messages in outputs.py, stats and info in reports.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import structlog
-from google.protobuf.descriptor import FieldDescriptor
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
-from libs.encoder.tensors import from_proto
+from libs.config.roles import Role
 from libs.rpc.errors import FailedPrecondition
 from libs.worker import metrics
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
+from libs.worker.drain import DrainState, handoff_time, wait_until
 from libs.worker.engine import Engine, EngineStep, TokenLogprob
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import (
@@ -31,34 +32,14 @@ from libs.worker.handoff import (
 )
 from libs.worker.images import decode_images
 from libs.worker.layout import check_layout, kv_layout
+from libs.worker.leases import Leases
+from libs.worker.outputs import FINISH_REASONS, logprob_proto, prompt_logprobs_proto
+from libs.worker.peers import DnsPeers
+from libs.worker.reports import worker_info, worker_stats
 from libs.worker.sampling import sampling_kwargs
-from libs.worker.speculative import spec_decode_stats
 from libs.worker.validation import resolve_max_tokens, validate_prompt, validate_token_fields
 
 log = structlog.get_logger(__name__)
-
-_FINISH = {
-    "stop": common_pb2.FINISH_REASON_STOP,
-    "length": common_pb2.FINISH_REASON_LENGTH,
-    "abort": common_pb2.FINISH_REASON_ABORT,
-}
-_KVSTORE_FIELDS = {f.name: f.type for f in worker_pb2.KvStoreConnectorStats.DESCRIPTOR.fields}
-
-
-def _kvstore_stats(counters: dict[str, float]) -> worker_pb2.KvStoreConnectorStats:
-    stats = worker_pb2.KvStoreConnectorStats()
-    for name, value in counters.items():
-        kind = _KVSTORE_FIELDS.get(name)
-        if kind is not None:
-            setattr(stats, name, value if kind == FieldDescriptor.TYPE_DOUBLE else int(value))
-    return stats
-
-
-_ROLES = {
-    Role.PREFILL: worker_pb2.ROLE_PREFILL,
-    Role.DECODE: worker_pb2.ROLE_DECODE,
-    Role.BOTH: worker_pb2.ROLE_BOTH,
-}
 
 
 class WrongRole(FailedPrecondition):
@@ -80,10 +61,11 @@ class WorkerService:
         self._clock = clock
         self._layout = kv_layout(engine.info)
         self._trusted_hosts = trusted_hosts(config.kv_host, config.kv_allowed_hosts)
-        # Prefill side: request id -> lease expiry (unix seconds) of KV held for a decode.
-        self._leases: dict[str, float] = {}
+        self._dns_peers = DnsPeers(config.kv_allowed_dns) if config.kv_allowed_dns else None
+        self._leases = Leases()  # prefill side: KV held for decode workers
         self._active: set[str] = set()
         self._requests_aborted = 0
+        self._drain = DrainState()
 
     # -- prefill ---------------------------------------------------------------------------
     async def prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
@@ -125,9 +107,9 @@ class WorkerService:
             response.prompt_token_ids.extend(last.prompt_token_ids)
             response.usage.prompt_tokens = len(last.prompt_token_ids)
         if first.logprobs:
-            response.first_token_logprob.CopyFrom(_logprob_proto(first.logprobs[0]))
+            response.first_token_logprob.CopyFrom(logprob_proto(first.logprobs[0]))
         if last.prompt_logprobs is not None:
-            response.prompt_logprobs.extend(_prompt_logprobs(last.prompt_logprobs))
+            response.prompt_logprobs.extend(prompt_logprobs_proto(last.prompt_logprobs))
         if first.finish_reason == "stop":
             # EOS or a stop token came first: vLLM freed the blocks, nothing to hand over.
             response.finish_reason = common_pb2.FINISH_REASON_STOP
@@ -142,7 +124,7 @@ class WorkerService:
         )
         handoff.layout.CopyFrom(self._layout)
         response.handoff.CopyFrom(handoff)
-        self._leases[request_id] = expires
+        self._leases.grant(request_id, expires, self._engine.stats())
         log.debug(
             "prefill done", prompt_tokens=len(prompt), blocks=sum(len(g.ids) for g in handoff.block_ids)
         )
@@ -165,7 +147,7 @@ class WorkerService:
         sampling = sampling_kwargs(
             request.sampling, max_tokens=max_tokens, defaults=self._engine.info.sampling_defaults
         )
-        kv_params = self._decode_kv_params(request)
+        kv_params = await self._decode_kv_params(request)
         completion_tokens = 0
         last: EngineStep | None = None
         prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
@@ -200,15 +182,15 @@ class WorkerService:
                 chunk = worker_pb2.TokenChunk(
                     index=sequence.index,
                     token_ids=sequence.token_ids,
-                    logprobs=[_logprob_proto(lp) for lp in sequence.logprobs],
-                    finish_reason=_FINISH.get(
+                    logprobs=[logprob_proto(lp) for lp in sequence.logprobs],
+                    finish_reason=FINISH_REASONS.get(
                         sequence.finish_reason or "", common_pb2.FINISH_REASON_UNSPECIFIED
                     ),
                 )
                 if sequence.stop_token_id is not None:
                     chunk.stop_token_id = sequence.stop_token_id
                 if prompt_logprobs is not None and not prompt_logprobs_sent:
-                    chunk.prompt_logprobs.extend(_prompt_logprobs(prompt_logprobs))
+                    chunk.prompt_logprobs.extend(prompt_logprobs_proto(prompt_logprobs))
                     prompt_logprobs_sent = True
                 yield worker_pb2.GenerateResponse(chunk=chunk)
         complete = worker_pb2.GenerateComplete(
@@ -219,10 +201,10 @@ class WorkerService:
             )
         )
         if prompt_logprobs is not None:
-            complete.prompt_logprobs.extend(_prompt_logprobs(prompt_logprobs))
+            complete.prompt_logprobs.extend(prompt_logprobs_proto(prompt_logprobs))
         yield worker_pb2.GenerateResponse(complete=complete)
 
-    def _decode_kv_params(self, request: worker_pb2.GenerateRequest) -> dict[str, Any] | None:
+    async def _decode_kv_params(self, request: worker_pb2.GenerateRequest) -> dict[str, Any] | None:
         if not request.HasField("handoff"):
             if self._config.role is Role.DECODE:
                 # Not an error (the gateway may choose it), but never silent: counted and logged.
@@ -235,35 +217,73 @@ class WorkerService:
             )
         check_layout(self._layout, request.handoff.layout)
         check_lease(request.handoff, self._clock())
-        check_peer(request.handoff, self._trusted_hosts)
+        await self._check_peer(request.handoff)
         try:
             return params_from_handoff(request.handoff)
         except ValueError as error:
             raise InvalidRequest(str(error)) from error
 
-    # -- cancellation and leases ------------------------------------------------------------
-    async def abort(self, request_id: str) -> bool:
-        found = request_id in self._active or self._leases.pop(request_id, None) is not None
-        await self._engine.abort(request_id)
-        # An active request's stream then ends finished (reason abort), so _run counts it not.
-        self._requests_aborted += found
-        return found
-
+    # -- leases ------------------------------------------------------------------------------
     async def release_kv(self, request: worker_pb2.ReleaseKvRequest) -> None:
         if self._config.role is not Role.DECODE:
             raise WrongRole("ReleaseKv is served by decode workers (they own the KV connector's channel)")
-        check_peer(request.handoff, self._trusted_hosts)
+        await self._check_peer(request.handoff)
         try:
             params = params_from_handoff(request.handoff)
         except ValueError as error:
             raise InvalidRequest(str(error)) from error
         await self._engine.release_handoff(request.request_id or uuid.uuid4().hex, params)
 
+    async def _check_peer(self, handoff: worker_pb2.KvHandoff) -> None:
+        resolved = await self._dns_peers.addresses(handoff.host) if self._dns_peers else frozenset()
+        check_peer(handoff, self._trusted_hosts, resolved)
+
     def _live_leases(self) -> int:
-        now = self._clock()
-        for request_id in [r for r, expires in self._leases.items() if expires <= now]:
-            del self._leases[request_id]
-        return len(self._leases)
+        return self._leases.live(self._clock(), self._engine.stats())
+
+    # -- info and stats ----------------------------------------------------------------------
+    def stats(self) -> worker_pb2.WorkerStats:
+        return worker_stats(
+            self._config.role,
+            self._engine.stats(),
+            self._engine.info,
+            num_leased=self._live_leases(),
+            requests_aborted=self._requests_aborted,
+        )
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        return worker_info(self._config, self._engine.info, self._layout)
+
+    # -- drain (drain.py) ----------------------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        return self._drain.draining
+
+    @property
+    def drain_state(self) -> DrainState:
+        return self._drain
+
+    async def drain(self, deadline: float) -> None:
+        """Stops taking requests, lets the running ones finish (and, on a prefill worker, its
+        handed-over KV be pulled) until shortly before `deadline` (the loop's time), then hands
+        off what is left: each such request ends with the draining UNAVAILABLE, which the
+        gateway moves to another worker, and the engine aborts it."""
+        self._drain.begin()
+        loop = asyncio.get_running_loop()
+        log.info("draining", running=len(self._active), leased=self._live_leases())
+        idle = await wait_until(
+            lambda: not self._active and not self._live_leases(), handoff_time(loop.time(), deadline)
+        )
+        if idle:
+            log.info("drained: every request finished")
+            return
+        left = sorted(self._active)
+        if left:
+            log.warning("handing off the requests the shutdown grace leaves no time for", requests=len(left))
+            self._drain.hand_off(left)
+            await asyncio.gather(*(self._engine.abort(request_id) for request_id in left))
+            await wait_until(lambda: not self._active, deadline)
+        log.info("drained", handed_off=len(left), still_leased=self._live_leases())
 
     # -- liveness ------------------------------------------------------------------------------
     async def wait_engine_dead(self, poll_s: float = 0.5) -> None:
@@ -273,50 +293,6 @@ class WorkerService:
         while not self._engine.dead:  # noqa: ASYNC110 (vLLM has a flag, no event)
             await asyncio.sleep(poll_s)
         log.error("the engine died; this worker stops serving")
-
-    # -- info and stats ----------------------------------------------------------------------
-    def stats(self) -> worker_pb2.WorkerStats:
-        engine = self._engine.stats()
-        info = self._engine.info
-        return worker_pb2.WorkerStats(
-            role=_ROLES[self._config.role],
-            num_running=engine.num_running,
-            num_waiting=engine.num_waiting,
-            kv_cache_usage=engine.kv_cache_usage,
-            kv_blocks_total=info.num_kv_blocks,
-            num_leased=self._live_leases(),
-            prompt_tokens_external=engine.prompt_tokens_external,
-            prompt_tokens_computed=engine.prompt_tokens_computed,
-            prompt_tokens_local_cache_hit=engine.prompt_tokens_local_cache_hit,
-            requests_finished=engine.requests_finished,
-            requests_aborted=self._requests_aborted,
-            spec_decode=spec_decode_stats(engine.spec_decode),
-            kvstore=_kvstore_stats(engine.kvstore),
-            kv_pulls=worker_pb2.KvPullStats(
-                transfers=int(engine.kv_pulls.get("transfers", 0)),
-                seconds=float(engine.kv_pulls.get("seconds", 0.0)),
-                bytes=int(engine.kv_pulls.get("bytes", 0)),
-                failures=int(engine.kv_pulls.get("failures", 0)),
-            ),
-        )
-
-    def info(self) -> worker_pb2.WorkerInfo:
-        info = self._engine.info
-        return worker_pb2.WorkerInfo(
-            role=_ROLES[self._config.role],
-            model=info.model,
-            max_model_len=info.max_model_len,
-            vocab_size=info.vocab_size,
-            kv_layout=self._layout,
-            max_num_seqs=self._config.max_num_seqs,
-            engine_version=info.engine_version,
-            device=self._config.device.value,
-            device_group=self._config.device_group,
-            default_max_tokens=_default_max_tokens(info.sampling_defaults),
-            max_logprobs=self._config.max_logprobs,
-            takes_images=info.takes_images,
-            generate_many=True,
-        )
 
     # -- helpers -----------------------------------------------------------------------------
     def _validate(
@@ -341,7 +317,9 @@ class WorkerService:
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
-        """Streams engine steps; if the caller goes away (cancellation), aborts the request."""
+        """Streams engine steps; if the caller goes away (cancellation), aborts the request.
+        While draining, refuses new requests and ends handed-off ones (drain.py)."""
+        self._drain.check_accepting()
         if request_id in self._active:
             raise InvalidRequest(f"request id {request_id!r} is already running on this worker")
         self._active.add(request_id)
@@ -356,6 +334,7 @@ class WorkerService:
                 **({"image_embeddings": image_embeddings} if image_embeddings else {}),
                 **({"images": images} if images else {}),
             ):
+                self._drain.check_running(request_id)
                 finished = step.finished
                 yield step
         finally:
@@ -406,27 +385,10 @@ class WorkerService:
             return []
         if not self._config.enable_mm_embeds:
             raise InvalidRequest("this worker takes no image embeddings (start it with --enable-mm-embeds)")
+        # Imported here: it needs torch, which a worker without images (a mock one) never loads.
+        from libs.encoder.tensors import from_proto
+
         try:
             return [from_proto(tensor) for tensor in tensors]
         except ValueError as error:
             raise InvalidRequest(str(error)) from error
-
-
-def _logprob_proto(logprob: TokenLogprob) -> common_pb2.TokenLogprob:
-    return common_pb2.TokenLogprob(
-        token_id=logprob.token_id,
-        logprob=logprob.logprob,
-        rank=logprob.rank,
-        top=[common_pb2.TopLogprob(token_id=t.token_id, logprob=t.logprob, rank=t.rank) for t in logprob.top],
-    )
-
-
-def _prompt_logprobs(entries: tuple[TokenLogprob | None, ...]) -> list[common_pb2.TokenLogprob]:
-    # The first prompt token has no logprob; the contract marks it with an empty entry.
-    return [common_pb2.TokenLogprob() if e is None else _logprob_proto(e) for e in entries]
-
-
-def _default_max_tokens(defaults: Mapping[str, Any]) -> int | None:
-    """vLLM names generation_config.json's max_new_tokens `max_tokens` in its defaults."""
-    value = defaults.get("max_tokens")
-    return int(value) if value is not None else None

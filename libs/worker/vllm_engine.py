@@ -23,6 +23,7 @@ from libs.worker.engine import (
     EngineInfo,
     EngineStats,
     EngineStep,
+    SchedulerLimits,
     SequenceDelta,
     TokenLogprob,
     TopLogprob,
@@ -203,6 +204,7 @@ def _engine_info(engine: AsyncLLM) -> EngineInfo:
         engine_version=f"vllm {_vllm_version()} {config.device_config.device_type}",
         sampling_defaults=model_config.get_diff_sampling_param(),
         takes_images=bool(model_config.is_multimodal_model),
+        scheduler=SchedulerLimits.of(config.scheduler_config),
     )
 
 

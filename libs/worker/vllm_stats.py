@@ -34,6 +34,7 @@ class CapturingStatLogger(StatLoggerBase):
         engine_idx: int = 0,
     ) -> None:
         if scheduler_stats is not None:
+            self.stats.updates += 1
             self._add_kvstore(scheduler_stats.kv_connector_stats)
             self._add_kv_pulls(scheduler_stats.kv_connector_stats)
             self.stats.num_running = scheduler_stats.num_running_reqs

@@ -40,13 +40,7 @@ def load_servicer(config: EncoderConfig) -> EncoderServicer:
 
 
 async def run(config: EncoderConfig, servicer: EncoderServicer, security: RpcSecurity) -> None:
-    server_config = ServerConfig(
-        host=config.host,
-        port=config.port,
-        port_file=config.port_file,
-        reflection=config.grpc_reflection,
-        security=security,
-    )
+    server_config = ServerConfig.of(config, security)
     server = GrpcServer(server_config, [binding(servicer)])
     await serve_until_signal(server)
 

@@ -1,5 +1,5 @@
 """gRPC adapter of the encoder: messages in and out, errors -> status codes through
-libs.rpc.errors (a bad image -> INVALID_ARGUMENT with what is wrong; a bug -> INTERNAL)."""
+libs.rpc.methods (a bad image -> INVALID_ARGUMENT with what is wrong; a bug -> INTERNAL)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from libs.encoder.encoder import ImageEncoder
 from libs.encoder.errors import ImageError
 from libs.encoder.tensors import to_proto
 from libs.observability.logging import bind_request_id
-from libs.rpc import errors
+from libs.rpc.methods import rpc_method
 from libs.rpc.server import ServiceBinding
 
 log = structlog.get_logger(__name__)
@@ -26,28 +26,26 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServicer):
         self._encoder = encoder
         self._model = model
 
+    @rpc_method(service=SERVICE)
     async def Encode(
         self, request: encoder_pb2.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> encoder_pb2.EncodeResponse:
         if request.metadata.request_id:
             bind_request_id(request.metadata.request_id)
         response = encoder_pb2.EncodeResponse()
-        try:
-            for index, image in enumerate(request.images):
-                try:
-                    encoded = await self._encoder.encode(url=image.url, data=image.data)
-                except ImageError as error:
-                    # Which image of the request: the gateway maps it back to its content part.
-                    raise ImageError(f"image {index}: {error}") from error
-                response.embeddings.append(
-                    encoder_pb2.ImageEmbedding(
-                        embeddings=to_proto(encoded.embeddings),
-                        content_hash=encoded.content_hash,
-                        cached=encoded.cached,
-                    )
+        for index, image in enumerate(request.images):
+            try:
+                encoded = await self._encoder.encode(url=image.url, data=image.data)
+            except ImageError as error:
+                # Which image of the request: the gateway maps it back to its content part.
+                raise ImageError(f"image {index}: {error}") from error
+            response.embeddings.append(
+                encoder_pb2.ImageEmbedding(
+                    embeddings=to_proto(encoded.embeddings),
+                    content_hash=encoded.content_hash,
+                    cached=encoded.cached,
                 )
-        except Exception as error:
-            await errors.abort(context, error, service=SERVICE, method="Encode")
+            )
         return response
 
     async def GetInfo(

@@ -6,12 +6,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -21,43 +19,17 @@ from libs.observability.metrics import start_metrics_server
 from libs.rpc.security import RpcSecurity, load_security
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
 
-if TYPE_CHECKING:
-    from libs.kvstore.store import KvStore
-
 log = structlog.get_logger("cleave.kvstore")
 
-LEASE_SWEEP_INTERVAL_S = 1.0
 # LMCache gives each module's logger the level in this variable when the module is first
 # imported (INFO by default, printed on its own handlers); the default here is chosen
 # before LMCache is imported, and route_lmcache_logs then sends its lines through structlog.
 LMCACHE_LOG_LEVEL_ENV = "LMCACHE_LOG_LEVEL"
 
 
-async def expire_leases_forever(store: KvStore) -> None:
-    """Ends leases whose TTL passed even when no request arrives to notice it."""
-    while True:
-        await asyncio.sleep(LEASE_SWEEP_INTERVAL_S)
-        await asyncio.to_thread(store.expire_leases)
-
-
-async def run(
-    process: KvStoreProcessConfig, store: KvStore, service: ServiceBinding, security: RpcSecurity
-) -> None:
-    server_config = ServerConfig(
-        host=process.host,
-        port=process.port,
-        port_file=process.port_file,
-        reflection=process.grpc_reflection,
-        security=security,
-    )
-    server = GrpcServer(server_config, [service])
-    sweeper = asyncio.create_task(expire_leases_forever(store))
-    try:
-        await serve_until_signal(server)
-    finally:
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+async def run(process: KvStoreProcessConfig, service: ServiceBinding, security: RpcSecurity) -> None:
+    server_config = ServerConfig.of(process, security)
+    await serve_until_signal(GrpcServer(server_config, [service]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if process.metrics_port is not None:
             port = start_metrics_server(process.metrics_port, host=process.host)
             log.info("metrics server started", port=port)
-        asyncio.run(run(process, store, binding(KvStoreServicer(store)), security))
+        asyncio.run(run(process, binding(KvStoreServicer(store)), security))
     finally:
         store.close()
         log.info("kvstore closed")

@@ -4,15 +4,13 @@ KvStore's methods block (disk reads, Redis round trips), so each runs via asynci
 and the event loop keeps streaming other calls. Bad chunks are counted in PutResponse, not
 errors: a Put stream never dies halfway because one chunk was corrupt. Malformed requests
 (a key that is not a key, no layout for Lookup) end the call with INVALID_ARGUMENT, through
-libs.rpc.errors like every Cleave servicer.
+libs.rpc.methods like every Cleave servicer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 import grpc.aio
@@ -23,11 +21,9 @@ from libs.kvstore.identity import InvalidKey
 from libs.kvstore.metrics import Tier
 from libs.kvstore.store import KvStore, PutOutcome, StoreStats
 from libs.observability.logging import bind_request_id
-from libs.rpc import errors
 from libs.rpc.errors import InvalidRequest
+from libs.rpc.methods import Refusals, rpc_method, rpc_stream
 from libs.rpc.server import ServiceBinding
-
-T = TypeVar("T")
 
 SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KvStore"].full_name
 SERVICE = "kvstore"
@@ -39,6 +35,8 @@ TIER_TO_PB = {
 # Chunks handed to the store per call: its waits for disk and Redis overlap within a batch.
 PUT_BATCH_CHUNKS = 8
 PUT_BATCH_BYTES = 256 * 1024 * 1024
+# The store's word for a malformed request (a key that is not a key): the caller's mistake.
+REFUSALS: Refusals = {InvalidKey: InvalidRequest}
 
 
 def _bind(metadata: common_pb2.RequestMetadata) -> None:
@@ -50,15 +48,7 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
     def __init__(self, store: KvStore) -> None:
         self._store = store
 
-    async def _call(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], T]) -> T:
-        try:
-            try:
-                return await asyncio.to_thread(call)
-            except InvalidKey as error:  # the store's word for a malformed request
-                raise InvalidRequest(str(error)) from error
-        except Exception as error:
-            await errors.abort(context, error, service=SERVICE, method=method)
-
+    @rpc_method(service=SERVICE, refusals=REFUSALS)
     async def Put(
         self, request_iterator: AsyncIterator[kvstore_pb2.PutRequest], context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.PutResponse:
@@ -70,22 +60,17 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
             batch.append(request)
             batch_bytes += len(request.chunk.kv.data)
             if len(batch) >= PUT_BATCH_CHUNKS or batch_bytes >= PUT_BATCH_BYTES:
-                await self._put_batch(batch, counts, context)
+                await self._put_batch(batch, counts)
                 batch, batch_bytes = [], 0
         if batch:
-            await self._put_batch(batch, counts, context)
+            await self._put_batch(batch, counts)
         return kvstore_pb2.PutResponse(
             stored=counts[PutOutcome.STORED],
             skipped_existing=counts[PutOutcome.EXISTS],
             rejected=counts[PutOutcome.REJECTED],
         )
 
-    async def _put_batch(
-        self,
-        batch: list[kvstore_pb2.PutRequest],
-        counts: dict[PutOutcome, int],
-        context: grpc.aio.ServicerContext,
-    ) -> None:
+    async def _put_batch(self, batch: list[kvstore_pb2.PutRequest], counts: dict[PutOutcome, int]) -> None:
         # Consecutive messages usually share a layout; each run of one layout is one store call.
         runs: list[tuple[common_pb2.KvLayout, list[kvstore_pb2.KvChunk]]] = []
         for request in batch:
@@ -94,37 +79,29 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
             else:
                 runs.append((request.layout, [request.chunk]))
         for layout, chunks in runs:
-            outcomes = await self._call("Put", context, functools.partial(self._store.put, layout, chunks))
-            for outcome in outcomes:
+            for outcome in await asyncio.to_thread(self._store.put, layout, chunks):
                 counts[outcome] += 1
 
+    @rpc_stream(service=SERVICE, refusals=REFUSALS)
     async def Get(
         self, request: kvstore_pb2.GetRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[kvstore_pb2.GetResponse]:
+    ) -> AsyncGenerator[kvstore_pb2.GetResponse, None]:
         _bind(request.metadata)
         for key in request.keys:
-            fetched = await self._call("Get", context, functools.partial(self._store.get, key))
+            fetched = await asyncio.to_thread(self._store.get, key)
             if fetched is None:
                 return  # a missing chunk ends the stream: later chunks are useless without it
             yield kvstore_pb2.GetResponse(chunk=fetched.chunk, tier=TIER_TO_PB[fetched.tier])
-        if request.lease_id:
-            await self._call("Get", context, lambda: self._store.release(request.lease_id))
 
+    @rpc_method(service=SERVICE, refusals=REFUSALS)
     async def Lookup(
         self, request: kvstore_pb2.LookupRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.LookupResponse:
         _bind(request.metadata)
         if not request.HasField("layout"):
-            await errors.abort(
-                context,
-                InvalidRequest("layout is required: keys depend on it"),
-                service=SERVICE,
-                method="Lookup",
-            )
-        result = await self._call(
-            "Lookup",
-            context,
-            lambda: self._store.lookup(request.token_ids, request.layout, request.metadata.cache_salt),
+            raise InvalidRequest("layout is required: keys depend on it")
+        result = await asyncio.to_thread(
+            self._store.lookup, request.token_ids, request.layout, request.metadata.cache_salt
         )
         return kvstore_pb2.LookupResponse(
             matched_tokens=result.matched_tokens,
@@ -134,25 +111,11 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
             keys=result.keys,
         )
 
-    async def Lease(
-        self, request: kvstore_pb2.LeaseRequest, context: grpc.aio.ServicerContext
-    ) -> kvstore_pb2.LeaseResponse:
-        ttl_s = request.ttl_ms / 1000 if request.ttl_ms > 0 else None
-        grant = await self._call("Lease", context, lambda: self._store.lease(request.keys, ttl_s))
-        return kvstore_pb2.LeaseResponse(
-            lease_id=grant.lease_id, expires_unix_ms=grant.expires_unix_ms, num_pinned=grant.num_pinned
-        )
-
-    async def Release(
-        self, request: kvstore_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
-    ) -> kvstore_pb2.ReleaseResponse:
-        found = await self._call("Release", context, lambda: self._store.release(request.lease_id))
-        return kvstore_pb2.ReleaseResponse(found=found)
-
+    @rpc_method(service=SERVICE, refusals=REFUSALS)
     async def GetStats(
         self, request: kvstore_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.KvStoreStats:
-        return stats_message(await self._call("GetStats", context, self._store.stats))
+        return stats_message(await asyncio.to_thread(self._store.stats))
 
 
 def stats_message(stats: StoreStats) -> kvstore_pb2.KvStoreStats:
@@ -172,7 +135,6 @@ def stats_message(stats: StoreStats) -> kvstore_pb2.KvStoreStats:
             )
             for status in stats.tiers
         ],
-        num_leases=stats.num_leases,
         chunks_rejected=stats.chunks_rejected,
     )
 

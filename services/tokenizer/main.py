@@ -58,13 +58,7 @@ def _tool_parser(name: str | None) -> ToolCallParser | None:
 
 
 async def run(process: TokenizerServerConfig, servicer: TokenizerServicer, security: RpcSecurity) -> None:
-    server_config = ServerConfig(
-        host=process.host,
-        port=process.port,
-        port_file=process.port_file,
-        reflection=process.grpc_reflection,
-        security=security,
-    )
+    server_config = ServerConfig.of(process, security)
     server = GrpcServer(server_config, [binding(servicer)])
     await serve_until_signal(server)
 

@@ -14,11 +14,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import prometheus_client
 import structlog
 
 from cleave.worker.v1 import worker_pb2_grpc
+from libs.config.cpus import usable_cpus
 from libs.config.errors import ConfigError
 from libs.config.flags import parse
+from libs.config.groups import EngineKind
+from libs.config.roles import Role
 from libs.models.errors import ModelNotFoundError
 from libs.models.resolve import resolve_model
 from libs.models.spec import fitted_context_length
@@ -27,11 +31,13 @@ from libs.observability.metrics import start_metrics_server
 from libs.rpc.deferred import DeferredServicer
 from libs.rpc.ports import free_port
 from libs.rpc.security import RpcSecurity, load_security
-from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
+from libs.rpc.server import Drain, GrpcServer, ServerConfig, ServiceBinding, serve_until_signal
 from libs.worker.config import Device, WorkerConfig
+from libs.worker.engine import Engine
 from libs.worker.engine_args import cpu_cores, draft_cpu_cores, engine_environment, engine_kwargs
 from libs.worker.service import WorkerService
 from libs.worker.speculative import FLAG as SPEC_FLAG
+from libs.worker.vllm_gauges import EngineGauges
 from services.worker.servicer import SERVICE_NAME, WorkerServicer
 
 log = structlog.get_logger("cleave.worker")
@@ -67,6 +73,15 @@ def resolved(config: WorkerConfig) -> WorkerConfig:
         max_model_len=fitted_max_model_len(config.max_model_len, model.path),
         kv_port=kv_port,
         speculative_config=speculative.to_json() if speculative is not None else None,
+    )
+
+
+def mock_resolved(config: WorkerConfig) -> WorkerConfig:
+    """The mock engine loads no model: `--model` only names what is served (the profile holds
+    the model's facts), and a prefill worker's side channel gets a port as NIXL's would."""
+    kv_port = config.kv_port or (free_port() if config.role is Role.PREFILL else 0)
+    return replace(
+        config, served_model_name=config.served_model_name or Path(config.model).name, kv_port=kv_port
     )
 
 
@@ -137,11 +152,15 @@ def pin_to_cores(config: WorkerConfig) -> None:
 
 
 async def serve(
-    server: GrpcServer, load: Callable[[], Awaitable[None]], engine_dead: Callable[[], Awaitable[None]]
+    server: GrpcServer,
+    load: Callable[[], Awaitable[None]],
+    engine_dead: Callable[[], Awaitable[None]],
+    drain: Drain | None = None,
 ) -> int:
-    """Serves until SIGINT/SIGTERM (returns 0) or until the engine, once loaded, dies: then the
-    server stops as on a signal (health NOT_SERVING first, in-flight calls, which fail with
-    UNAVAILABLE, get the grace period) and this returns EXIT_ENGINE_DIED. A worker whose
+    """Serves until SIGINT/SIGTERM (returns 0; `drain` finishes or hands off the running
+    requests first, within --shutdown-grace-s: libs/worker/drain.py) or until the engine, once
+    loaded, dies: then the server stops (health NOT_SERVING first, in-flight calls, which fail
+    with UNAVAILABLE, get the grace period) and this returns EXIT_ENGINE_DIED. A worker whose
     engine is gone would otherwise answer health checks and stats forever and serve nothing."""
     loaded = asyncio.Event()
 
@@ -153,7 +172,7 @@ async def serve(
         await loaded.wait()
         await engine_dead()
 
-    serving = asyncio.create_task(serve_until_signal(server, load=load_and_say_so))
+    serving = asyncio.create_task(serve_until_signal(server, load=load_and_say_so, drain=drain))
     dying = asyncio.create_task(death())
     await asyncio.wait({serving, dying}, return_when=asyncio.FIRST_COMPLETED)
     if serving.done():
@@ -170,37 +189,67 @@ async def serve(
     return EXIT_ENGINE_DIED
 
 
-async def run(config: WorkerConfig, security: RpcSecurity) -> int:
+def import_vllm(config: WorkerConfig) -> None:
+    """Sets vLLM's environment and imports it, before the gRPC port opens. The import holds the
+    interpreter for seconds (torch and vLLM's modules: 11 s measured on a busy 2-core CI
+    machine); on an open port that would hold every call silent as long, and a gateway's
+    request behind it would wait instead of failing over. On a closed port it is refused at
+    once."""
     # vLLM reads these from the environment; set them before it is imported. With no device
     # group, the engine's threads take every core this process may use.
-    environment = engine_environment(config, os.sched_getaffinity(0), os.environ.get("LD_PRELOAD", ""))
+    environment = engine_environment(
+        config, os.sched_getaffinity(0), os.environ.get("LD_PRELOAD", ""), cpu_limit=usable_cpus()
+    )
     if "LD_PRELOAD" in environment:
         log.info(
             "speculative decoding on CPU: the engine preloads Intel OpenMP", library=config.openmp_library
         )
     os.environ.update(environment)
-    from libs.worker.vllm_engine import VllmEngine
+    started = time.perf_counter()
+    import libs.worker.vllm_engine  # noqa: F401  (the import is the point)
+
+    log.info("vllm imported", seconds=round(time.perf_counter() - started, 1))
+
+
+async def start_engine(config: WorkerConfig, address: str) -> Engine:
+    """The worker's engine: vLLM on the model, or (--engine mock) the simulator, which never
+    imports vLLM or torch."""
+    if config.engine is EngineKind.MOCK:
+        from libs.worker.mock import start_mock_engine
+
+        engine = await start_mock_engine(config, address)
+        # vLLM's own gauges come from vLLM's stat logger; the mock's from its stats.
+        prometheus_client.REGISTRY.register(EngineGauges(engine, engine.info.model))
+        return engine
+    from libs.worker.vllm_engine import VllmEngine  # imported by import_vllm, before the port opened
+
+    # vLLM's engine start blocks for the model load (tens of seconds). Off the event loop the
+    # gRPC server answers meanwhile: health NOT_SERVING, calls UNAVAILABLE ("still loading"),
+    # at once, so a gateway fails over instead of waiting on a silent worker (the compose kill
+    # check). vLLM starts its output handler lazily when built outside a running loop.
+    return await asyncio.to_thread(VllmEngine.start, engine_kwargs(config))
+
+
+async def run(config: WorkerConfig, security: RpcSecurity) -> int:
 
     deferred = DeferredServicer(WorkerServicer)
     server = GrpcServer(
-        ServerConfig(
-            host=config.host,
-            port=config.port,
-            port_file=config.port_file,
-            reflection=config.grpc_reflection,
-            security=security,
-        ),
+        ServerConfig.of(config, security),
         [ServiceBinding(SERVICE_NAME, deferred, worker_pb2_grpc.add_WorkerServicer_to_server)],
     )
-    engines: list[VllmEngine] = []
+    engines: list[Engine] = []
     services: list[WorkerService] = []
 
     async def load() -> None:
         started = time.perf_counter()
         log.info(
-            "starting engine", role=config.role.value, model=str(config.model_path), address=server.address
+            "starting engine",
+            engine=config.engine.value,
+            role=config.role.value,
+            model=str(config.model_path),
+            address=server.address,
         )
-        engine = VllmEngine.start(engine_kwargs(config))
+        engine = await start_engine(config, server.address)
         engines.append(engine)
         log.info(
             "engine ready",
@@ -211,7 +260,9 @@ async def run(config: WorkerConfig, security: RpcSecurity) -> int:
         deferred.become(WorkerServicer(services[0]))
 
     try:
-        return await serve(server, load, lambda: services[0].wait_engine_dead())
+        return await serve(
+            server, load, lambda: services[0].wait_engine_dead(), lambda deadline: services[0].drain(deadline)
+        )
     finally:
         for engine in engines:
             await engine.shutdown()
@@ -224,9 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=config.effective_log_level, json=config.log_json, service=f"worker-{config.role.value}"
         )
         security = load_security(config, os.environ)  # --grpc-*: TLS files, the token
-        config = resolved(config)
-        if config.device is Device.CPU:
-            pin_to_cores(config)  # fails here, with the flag's name, on a bad group
+        if config.engine is EngineKind.MOCK:
+            config = mock_resolved(config)
+        else:
+            config = resolved(config)
+            if config.device is Device.CPU:
+                pin_to_cores(config)  # fails here, with the flag's name, on a bad group
     except (ConfigError, ModelNotFoundError) as error:
         print(f"cleave worker: {error}", file=sys.stderr)
         return 2
@@ -237,7 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine_cache_dtype=config.engine_kv_cache_dtype,
         )
     if config.metrics_port is not None:
-        start_metrics_server(config.metrics_port)
+        start_metrics_server(config.metrics_port, host=config.metrics_host)
+    if config.engine is not EngineKind.MOCK:
+        import_vllm(config)
     return asyncio.run(run(config, security))
 
 

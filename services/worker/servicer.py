@@ -1,11 +1,9 @@
-"""gRPC adapter of the worker: messages in and out, library errors -> status codes through
-libs.rpc.errors (the same mapping as every Cleave servicer)."""
+"""gRPC adapter of the worker: messages in and out, library errors -> status codes and RPC
+metrics through libs.rpc.methods (the same mapping as every Cleave servicer)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 import grpc.aio
@@ -13,13 +11,13 @@ import structlog
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.rpc import errors
+from libs.rpc.methods import rpc_method, rpc_stream
 from libs.rpc.server import ServiceBinding
 from libs.worker import metrics
 from libs.worker.generate_many import GenerateMany
 from libs.worker.service import WorkerService
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 SERVICE = "worker"
@@ -29,46 +27,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, service: WorkerService) -> None:
         self._service = service
 
-    async def _unary(
-        self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]
-    ) -> T:
-        started = time.perf_counter()
-        try:
-            result = await call()
-        except Exception as error:
-            status = errors.classify(error, SERVICE).status
-            metrics.REQUESTS.labels(method, status.name.lower()).inc()
-            await errors.abort(context, error, service=SERVICE, method=method)
-        metrics.REQUESTS.labels(method, "ok").inc()
-        metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
-        return result
-
+    @rpc_method(service=SERVICE, metrics=metrics.RPC)
     async def Prefill(
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefillResponse:
-        return await self._unary("Prefill", context, lambda: self._service.prefill(request))
+        return await self._service.prefill(request)
 
-    async def Generate(
+    # Counted per request by _generate, not per call: GenerateMany shares it.
+    @rpc_stream(service=SERVICE)
+    def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        try:
-            async for response in self._generate(request):
-                yield response
-        except Exception as error:
-            # Nothing streamed yet: a plain status says whose fault it is (INVALID_ARGUMENT:
-            # the client's; UNAVAILABLE: this worker's) before the caller commits to it.
-            await errors.abort(context, error, service=SERVICE, method="Generate")
+    ) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
+        # What fails before anything streamed escapes _generate: a plain status says whose
+        # fault it is (INVALID_ARGUMENT: the client's; UNAVAILABLE: this worker's) before the
+        # caller commits to it.
+        return self._generate(request)
 
     async def GenerateMany(
         self,
         requests: AsyncIterator[worker_pb2.GenerateManyRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[worker_pb2.GenerateManyResponse]:
+        # Each request ends with a status of its own inside the shared call, never the call.
         def refusal(error: BaseException) -> tuple[grpc.StatusCode, str]:
             failure = errors.refusal(error, service=SERVICE, method="Generate")
             return failure.status, failure.message
 
-        async for response in GenerateMany(self._generate, refusal).serve(requests):
+        calls = GenerateMany(self._generate, refusal, drain=self._service.drain_state)
+        async for response in calls.serve(requests):
             yield response
 
     async def _generate(
@@ -84,11 +70,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     # Counted before the yield: the gateway closes the call once it has the
                     # completion, and a closed stream never resumes this generator.
                     completed = True
-                    metrics.REQUESTS.labels("Generate", "ok").inc()
+                    metrics.RPC.succeeded("Generate")
                 yield response
         except Exception as error:
-            status = errors.classify(error, SERVICE).status
-            metrics.REQUESTS.labels("Generate", status.name.lower()).inc()
+            metrics.RPC.failed("Generate", errors.classify(error, SERVICE).status)
             if not emitted:
                 raise
             yield worker_pb2.GenerateResponse(
@@ -96,18 +81,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             )
             return
         if not completed:
-            metrics.REQUESTS.labels("Generate", "ok").inc()
+            metrics.RPC.succeeded("Generate")
 
-    async def Abort(
-        self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.AbortResponse:
-        found = await self._unary("Abort", context, lambda: self._service.abort(request.request_id))
-        return worker_pb2.AbortResponse(found=found)
-
+    @rpc_method(service=SERVICE, metrics=metrics.RPC)
     async def ReleaseKv(
         self, request: worker_pb2.ReleaseKvRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ReleaseKvResponse:
-        await self._unary("ReleaseKv", context, lambda: self._service.release_kv(request))
+        await self._service.release_kv(request)
         return worker_pb2.ReleaseKvResponse()
 
     async def GetStats(

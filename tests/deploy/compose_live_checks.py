@@ -1,7 +1,10 @@
-"""Issue 15's live checks on a running compose stack (docs/deploy.md, "Live checks"):
+"""The live checks on a running compose stack (docs/deploy.md, "Live checks"):
 
     python3 tests/deploy/compose_live_checks.py --project P --compose-file F [--port 8000]
-        [--checks kill,scale]
+        [--checks kill,scale,security,metrics] [--checks rolling,soak --soak-seconds 600]
+
+CI (.ci/run, through compose_smoke.sh --live-checks) runs kill, scale, security and metrics on
+the 1p1d stack; rolling and soak are long, run by hand, their results in docs/deploy.md.
 
 - kill: the decode container's init process is SIGKILLed from the host (what the kernel's
   OOM killer or a crash does). The gateway must report the decode worker unhealthy on
@@ -13,201 +16,52 @@
 - scale: `docker-compose up -d --scale decode=2` on the running stack; the gateway must list
   the second decode worker without a restart, and concurrent requests must reach both, as
   counted by each decode worker's own Prometheus counter (read inside its container with
-  `docker exec`, from the worker's --metrics-port on its loopback); then scale back to 1 and
-  check the gateway retires the second one and still answers.
+  `docker exec`, from the worker's --metrics-port on its loopback); then the second one is
+  stopped (SIGTERM, as `--scale decode=1` does) with streams on it, text and json_schema: it
+  must drain (every stream completes, none errs) and exit 0 within its grace, and the gateway
+  must retire it and still answer.
+- security (live_security.py): a container on the stack's network without the stack's secrets,
+  and one with its certificate but not its token, call every gRPC service; Redis without its
+  password.
+- metrics (live_metrics.py): a decode worker's scrape shows vLLM's metric names at the values
+  its engine's state and the requests sent imply; the gateway's, vLLM's request counters.
+- rolling, soak (live_soak.py): decode recreated under 16 streams; probes under 16 streams.
 
-Started by tests/deploy/compose_smoke.sh --live-checks after its chat completion (CI: .ci/run),
-on the same stack. Standard library only: it runs on the host's python3, outside Bazel. Every
-wait has a timeout; a failure exits 1 (the smoke script then prints the containers' logs).
-HTTP goes only to the gateway's published 127.0.0.1 port.
+Started by tests/deploy/compose_smoke.sh --live-checks after its chat completion, on the same
+stack. Standard library only: it runs on the host's python3, outside Bazel. Every wait has a
+timeout; a failure exits 1 (the smoke script then prints the containers' logs). HTTP goes only
+to the gateway's published 127.0.0.1 port; calls to the services go from containers on the
+stack's network.
 """
 
 from __future__ import annotations
 
 import argparse
-import calendar
-import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
-# The decode worker's --metrics-port in the compose files (inside its container only).
-WORKER_METRICS_PORT = 9400
-CHAT = {
-    "model": "smollm2",
-    "temperature": 0,
-    "max_tokens": 8,
-    "messages": [{"role": "user", "content": "What is the capital of France?"}],
-}
+if __package__ in (None, ""):  # run as a script: the repository root on the import path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-class CheckFailed(Exception):
-    pass
-
-
-def log(message: str) -> None:
-    print(f"compose_live_checks: {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int | None  # None: no HTTP answer within the client's timeout (or no connection)
-    body: Any
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and bool(self.body["choices"][0]["message"]["content"].strip())
-
-    def describe(self) -> str:
-        if self.status is None:
-            return f"no answer ({self.body}) after {self.seconds:.1f}s"
-        error = self.body.get("error", {}) if isinstance(self.body, dict) else {}
-        return f"{self.status} {error.get('code')} {error.get('message')!r} in {self.seconds:.2f}s"
-
-
-def openai_error(body: Any) -> bool:
-    """An OpenAI error object: {"error": {"message": str, "type": str, "code": ...}}."""
-    error = body.get("error") if isinstance(body, dict) else None
-    return (
-        isinstance(error, dict)
-        and isinstance(error.get("message"), str)
-        and bool(error["message"])
-        and isinstance(error.get("type"), str)
-        and "code" in error
-    )
-
-
-def counter_value(metrics_text: str, name: str, labels: dict[str, str]) -> float:
-    """The value of one sample of Prometheus text exposition; 0 when the sample is absent (a
-    labelled counter appears only once incremented)."""
-    for line in metrics_text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        label_text, _, value = line[len(name) + 1 :].rpartition("} ")
-        found = dict(part.split("=", 1) for part in label_text.split(",") if part)
-        if {k: v.strip('"') for k, v in found.items()} == labels:
-            return float(value)
-    return 0.0
-
-
-class Stack:
-    def __init__(self, project: str, compose_file: str, port: int) -> None:
-        self.project = project
-        self.compose_file = compose_file
-        self.base = f"http://127.0.0.1:{port}"
-
-    # --- Docker
-
-    def docker(self, *args: str, timeout: float = 60) -> str:
-        result = subprocess.run(
-            ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
-        if result.returncode != 0:
-            raise CheckFailed(f"docker {' '.join(args)}: {result.stderr.strip()}")
-        return result.stdout
-
-    def compose(self, *args: str, timeout: float) -> None:
-        command = ["docker-compose", "--project-name", self.project, "--file", self.compose_file, *args]
-        log("+ " + " ".join(command))
-        result = subprocess.run(command, timeout=timeout, check=False)
-        if result.returncode != 0:
-            raise CheckFailed(f"{' '.join(command)} exited {result.returncode}")
-
-    def containers(self, service: str) -> list[str]:
-        """Running and stopped containers of `service`, by their compose number."""
-        ids = self.docker(
-            "ps", "-aq",
-            "--filter", f"label=com.docker.compose.project={self.project}",
-            "--filter", f"label=com.docker.compose.service={service}",
-        ).split()  # fmt: skip
-        return sorted(
-            ids,
-            key=lambda i: int(
-                self.inspect(i, '{{index .Config.Labels "com.docker.compose.container-number"}}')
-            ),
-        )
-
-    def inspect(self, container: str, template: str) -> str:
-        return self.docker("inspect", "--format", template, container).strip()
-
-    def worker_generates(self, container: str) -> float:
-        """Generate RPCs the worker in `container` has answered successfully, by its own counter."""
-        fetch = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{WORKER_METRICS_PORT}/metrics', timeout=10).read().decode())"
-        text = self.docker("exec", container, "python3", "-c", fetch, timeout=60)
-        return counter_value(text, "cleave_worker_requests_total", {"method": "Generate", "outcome": "ok"})
-
-    # --- the gateway, through its published port
-
-    def get_json(self, path: str, timeout: float = 10) -> Any:
-        try:
-            with urllib.request.urlopen(self.base + path, timeout=timeout) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as error:
-            return json.load(error)
-
-    def decode_workers(self) -> list[dict[str, Any]]:
-        return [w for w in self.get_json("/health")["workers"] if w["role"] == "decode"]
-
-    def chat(self, timeout: float) -> Answer:
-        request = urllib.request.Request(
-            self.base + "/v1/chat/completions",
-            data=json.dumps(CHAT).encode(),
-            headers={"content-type": "application/json"},
-        )
-        started = time.monotonic()
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return Answer(response.status, json.load(response), time.monotonic() - started)
-        except urllib.error.HTTPError as error:
-            raw = error.read()
-            try:
-                body: Any = json.loads(raw)
-            except ValueError:
-                body = raw.decode(errors="replace")
-            return Answer(error.code, body, time.monotonic() - started)
-        except (OSError, TimeoutError) as error:  # URLError, a timeout, a reset connection
-            return Answer(None, repr(error), time.monotonic() - started)
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout: float, every: float = 1.0) -> float:
-    """Seconds until `condition()` held; CheckFailed after `timeout`."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise CheckFailed(f"{what}: not within {timeout:.0f}s")
-        time.sleep(every)
-    return time.monotonic() - started
-
-
-def health_probe_seconds(stack: Stack, container: str) -> list[float]:
-    """How long the container's last health probes took (Docker keeps the last five)."""
-    log_json = stack.inspect(container, "{{json .State.Health.Log}}")
-    probes = json.loads(log_json) if log_json not in ("", "null") else []
-    seconds = []
-    for probe in probes:
-        start, end = (_parse_docker_time(probe[k]) for k in ("Start", "End"))
-        seconds.append(round(end - start, 2))
-    return seconds
-
-
-def _parse_docker_time(text: str) -> float:
-    """Seconds since the epoch of Docker's RFC 3339 times (2026-12-02T03:40:01.123456789Z; the
-    nanoseconds that datetime cannot parse kept as a fraction)."""
-    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?", text)
-    if match is None:
-        raise CheckFailed(f"not a Docker time: {text!r}")
-    whole = calendar.timegm(time.strptime(match[1], "%Y-%m-%dT%H:%M:%S"))
-    return whole + float("0." + (match[2] or "0"))
+from tests.deploy.live_metrics import check_metrics
+from tests.deploy.live_security import check_security
+from tests.deploy.live_soak import check_rolling, check_soak
+from tests.deploy.live_stack import (
+    Answer,
+    CheckFailed,
+    Stack,
+    health_probe_seconds,
+    log,
+    openai_error,
+    wait_for,
+)
+from tests.deploy.live_streams import drain_streams_check
 
 
 def check_kill(stack: Stack, args: argparse.Namespace) -> None:
@@ -321,6 +175,9 @@ def check_scale(stack: Stack, args: argparse.Namespace) -> None:
         + ", ".join(f"{c[:12]}: {n:.0f}" for c, n in served.items())
     )
 
+    # Scale back to 1 with streams on the worker that goes: it drains (SIGTERM, as compose's
+    # scale-down sends it), every stream completes, and it exits 0 within its grace.
+    drain_streams_check(stack, args, new)
     stack.compose("up", "-d", "--no-deps", "--no-recreate", "--scale", "decode=1", "decode", timeout=300)
     retired = wait_for(
         "the gateway retiring the second decode worker", lambda: len(stack.decode_workers()) == 1, 60
@@ -331,7 +188,14 @@ def check_scale(stack: Stack, args: argparse.Namespace) -> None:
     log(f"scale back to 1: the gateway retired the second worker within {retired:.1f}s and still answers")
 
 
-CHECKS: dict[str, Callable[[Stack, argparse.Namespace], None]] = {"kill": check_kill, "scale": check_scale}
+CHECKS: dict[str, Callable[[Stack, argparse.Namespace], None]] = {
+    "kill": check_kill,
+    "scale": check_scale,
+    "security": check_security,
+    "metrics": check_metrics,
+    "rolling": check_rolling,
+    "soak": check_soak,
+}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -341,7 +205,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--project", required=True)
     parser.add_argument("--compose-file", required=True)
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--checks", default="kill,scale", help="comma-separated: kill, scale")
+    parser.add_argument("--checks", default="kill,scale", help=f"comma-separated: {', '.join(CHECKS)}")
+    parser.add_argument("--soak-seconds", type=float, default=600, help="soak: how long 16 streams run")
+    parser.add_argument("--streams", type=int, default=16, help="rolling, soak: concurrent streams")
     parser.add_argument(
         "--request-timeout", type=float, default=120, help="client timeout of one request (s)"
     )

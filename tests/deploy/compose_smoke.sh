@@ -6,10 +6,13 @@
 #
 #   tests/deploy/compose_smoke.sh [--compose-file deploy/compose/1p1d/docker-compose.yml]
 #       [--project cleave-smoke] [--port 8000] [--up-timeout 1200] [--keep]
-#       [--live-checks kill,scale] [--tiny-vlm] [--image-chat]
+#       [--live-checks security,metrics,kill,scale] [--tiny-vlm] [--image-chat]
 #
 # --live-checks runs tests/deploy/compose_live_checks.py on the same stack after the chat
-# completion (1p1d and 2p1d): kill decode and recover; scale decode to 2 and back.
+# completion (1p1d): the services' mTLS and token and Redis's password from a container on the
+# stack's network; vLLM's metric names on a worker's scrape; kill decode and recover; scale
+# decode to 2 and back, the second one drained under streams. `rolling` and `soak` are the
+# long checks (by hand: docs/deploy.md).
 # The encode stacks (1e1pd, 1e1p1d) serve $CLEAVE_VLM_MODEL; --tiny-vlm writes the encoder
 # tests' tiny random vision-language model (//tests/deploy:write_tiny_vlm, with ./bazel) into
 # the model volume as /models/tiny-vlm and serves that. --image-chat also sends a chat with a
@@ -38,7 +41,7 @@ while [ $# -gt 0 ]; do
     --live-checks) live_checks=$2; shift 2 ;;
     --tiny-vlm) tiny_vlm=1; shift ;;
     --image-chat) image_chat=1; shift ;;
-    *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,22p' "$0" >&2; exit 2 ;;
   esac
 done
 [ -f "$compose_file" ] || { echo "compose_smoke: no compose file $compose_file" >&2; exit 2; }
@@ -68,6 +71,9 @@ teardown() {
   if [ "$keep" -eq 1 ]; then log "--keep: leaving $project up"; exit "$rc"; fi
   log "down"
   timeout 180 "${compose[@]}" down --remove-orphans --timeout 30 >&2 || rc=1
+  # The stack's secrets volume outlives `down` on purpose (a restarted stack keeps its
+  # secrets); a smoke stack's are thrown away with it.
+  docker volume rm "${project}_secrets" >/dev/null 2>&1 || true
   local left
   left=$(
     docker ps -aq --filter "label=com.docker.compose.project=$project"
@@ -154,8 +160,9 @@ fi
 
 if [ -n "$live_checks" ]; then
   checks_started=$(date +%s)
-  # Its own waits are bounded; this bounds the whole (two model loads at most, on CPU).
-  timeout 1800 python3 tests/deploy/compose_live_checks.py --project "$project" \
+  # Its own waits are bounded; this bounds the whole (two model loads at most, on CPU; a soak
+  # adds its --soak-seconds).
+  timeout "${CLEAVE_LIVE_CHECKS_TIMEOUT:-1800}" python3 tests/deploy/compose_live_checks.py --project "$project" \
     --compose-file "$compose_file" --port "$port" --checks "$live_checks"
   log "live checks ($live_checks) passed in $(( $(date +%s) - checks_started )) s"
 fi

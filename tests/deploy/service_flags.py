@@ -8,10 +8,11 @@ from typing import Any
 
 from libs.config.flags import parse
 from libs.encoder.server_config import parse_args as parse_encoder
+from libs.gateway.config import parse_args as parse_gateway
 from libs.kvstore.server_config import parse_args as parse_kvstore
+from libs.planner.config import parse_args as parse_planner
 from libs.tokenization.server_config import parse_args as parse_tokenizer
 from libs.worker.config import WorkerConfig
-from services.gateway.config import parse_args as parse_gateway
 
 # Image name (without tag) -> the parser of the binary that is its entrypoint.
 PARSERS: dict[str, Callable[[Sequence[str]], Any]] = {
@@ -20,6 +21,7 @@ PARSERS: dict[str, Callable[[Sequence[str]], Any]] = {
     "cleave-worker": lambda argv: parse(WorkerConfig, argv),
     "cleave-kvstore": parse_kvstore,
     "cleave-encoder": parse_encoder,
+    "cleave-planner": parse_planner,
 }
 
 

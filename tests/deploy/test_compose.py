@@ -5,61 +5,20 @@ every service accepts, whose addresses name the stack's own services."""
 
 from __future__ import annotations
 
-import functools
-import os
-import subprocess
-from pathlib import Path
-from typing import Any
-
 import pytest
-import yaml
 
+from tests.deploy.compose_config import (
+    ENCODE_STACKS,
+    STACKS,
+    TAG,
+    VLM,
+    cleave_services,
+    compose,
+    long_running,
+    resolved,
+    run_compose,
+)
 from tests.deploy.service_flags import host_port, image_name, parse_command
-from tests.deploy.tools import tool
-
-COMPOSE_DIR = Path(__file__).parent.parent.parent / "deploy" / "compose"
-STACKS = ["pd", "1p1d", "2p1d", "1e1pd", "1e1p1d"]
-# The encode stacks (an encoder, workers with --enable-mm-embeds) serve $CLEAVE_VLM_MODEL.
-ENCODE_STACKS = ["1e1pd", "1e1p1d"]
-TAG = "test-tag"
-VLM = "/models/test-vlm"
-
-
-def compose_binary() -> str:
-    return tool("docker-compose", "docker-compose", "compose files not validated")
-
-
-def run_compose(stack: str, *args: str, vlm: str | None = VLM) -> subprocess.CompletedProcess[str]:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("TEST_TMPDIR", "/tmp"),
-        "CLEAVE_TAG": TAG,
-        **({"CLEAVE_VLM_MODEL": vlm} if vlm is not None else {}),
-    }
-    return subprocess.run(
-        [compose_binary(), "--file", str(COMPOSE_DIR / stack / "docker-compose.yml"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,  # seconds on an idle machine; CI machines can be very loaded
-        check=False,
-    )
-
-
-@functools.cache
-def compose(stack: str, *args: str) -> str:
-    result = run_compose(stack, *args)
-    assert result.returncode == 0, f"docker-compose {' '.join(args)} of {stack}: {result.stderr}"
-    return result.stdout
-
-
-def resolved(stack: str) -> dict[str, Any]:
-    return yaml.safe_load(compose(stack, "config"))
-
-
-def cleave_services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Services running a Cleave binary (not Redis, which runs from the kvstore image)."""
-    return {name: s for name, s in config["services"].items() if "entrypoint" not in s}
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -72,6 +31,9 @@ def test_services_run_cleave_images_with_health_restart_and_limits(stack: str) -
     config = resolved(stack)
     for name, service in config["services"].items():
         assert image_name(service["image"]).startswith("cleave-"), name
+        assert service["image"].endswith(f":{TAG}"), f"{name}: the tag comes from $CLEAVE_TAG"
+        assert service.get("mem_limit"), f"{name} has no memory limit"
+    for name, service in long_running(config).items():
         assert service["image"].endswith(f":{TAG}"), f"{name}: the tag comes from $CLEAVE_TAG"
         assert service["healthcheck"]["test"], name
         assert service["restart"] == "unless-stopped", name

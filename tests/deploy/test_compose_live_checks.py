@@ -3,9 +3,9 @@ container engine and a stack: CI runs them through compose_smoke.sh --live-check
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from tests.deploy.compose_live_checks import _parse_docker_time, counter_value, openai_error
+from tests.deploy.live_stack import _parse_docker_time, counter_value, openai_error, samples, total
 
 
 def test_counter_value_reads_prometheus_clients_own_exposition() -> None:
@@ -38,3 +38,19 @@ def test_docker_times_with_nanoseconds() -> None:
     end = _parse_docker_time("2026-12-02T03:40:03.623456789Z")
     assert abs(end - start - 2.5) < 1e-6
     assert _parse_docker_time("2026-12-02T03:40:01Z") + 1 == _parse_docker_time("2026-12-02T03:40:02Z")
+
+
+def test_samples_read_vllms_labelled_metrics() -> None:
+    registry = CollectorRegistry()
+    running = Gauge("vllm:num_requests_running", "running", ["model_name", "engine"], registry=registry)
+    running.labels("smol", "0").set(3)
+    success = Counter(
+        "vllm:request_success", "done", ["model_name", "engine", "finished_reason"], registry=registry
+    )
+    success.labels("smol", "0", "length").inc(4)
+    success.labels("smol", "0", "stop").inc(1)
+    text = generate_latest(registry).decode()
+    assert samples(text, "vllm:num_requests_running") == [({"model_name": "smol", "engine": "0"}, 3.0)]
+    assert total(text, "vllm:request_success_total") == 5
+    assert total(text, "vllm:request_success_total", finished_reason="length") == 4
+    assert total(text, "vllm:request_success_total", finished_reason="abort") == 0

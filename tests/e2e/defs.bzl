@@ -18,3 +18,18 @@ def cleave_e2e_test(name, deps = [], **kwargs):
         deps = [":harness"] + deps,
         **kwargs
     )
+
+def cleave_e2e_mock_test(name, deps = [], **kwargs):
+    """An end-to-end test whose stacks run on the mock engine (libs/mockengine): real services
+    on loopback, no model loaded. Tagged `e2e` and `mock`; not exclusive (a mock stack needs a
+    fraction of a core), so it runs beside other tests."""
+    tags = ["e2e", "mock"] + kwargs.pop("tags", [])
+    cleave_py_test(
+        name = name,
+        size = "large",
+        srcs = [name + ".py"],
+        args = ["-rP"],
+        tags = tags,
+        deps = [":harness"] + deps,
+        **kwargs
+    )

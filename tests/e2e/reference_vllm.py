@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from libs.worker.config import Role, WorkerConfig
+from libs.config.roles import Role
+from libs.worker.config import WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 
 def main(model_dir: str, cases_path: str, out_path: str, max_tokens: int) -> None:
-    from libs.worker.config import Role, WorkerConfig
+    from libs.config.roles import Role
+    from libs.worker.config import WorkerConfig
     from libs.worker.engine_args import engine_environment, engine_kwargs
 
     config = WorkerConfig(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -15,13 +16,37 @@ import psutil
 
 from cleave.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from libs.config.flags import parse
+from libs.gateway.config import GatewayConfig
 from libs.models.resolve import resolve_model
+from libs.rpc.channel import open_blocking_channel, open_channel
+from libs.rpc.security import RpcSecurity
 from libs.worker.config import WorkerConfig
-from services.gateway.config import GatewayConfig
 from tests.e2e.harness import Service, rss_mib, start
 
 # Shared with `bazel run` on the same machine, so SmolLM2 is converted once per machine.
 MODEL_CACHE = Path.home() / ".cache" / "cleave" / "models"
+
+# The gateway's local stack secures its services with a gRPC token by default (a random one
+# in a file of its own). Its stacks here get this one instead (--grpc-token-file), so that
+# tests calling a child directly can send it; a service started without a token ignores it.
+STACK_TOKEN = secrets.token_urlsafe(32)
+STACK_SECURITY = RpcSecurity(token=STACK_TOKEN)
+
+
+def stack_channel(address: str) -> grpc.aio.Channel:
+    """A channel to a service of a test's stack, with the stack's token."""
+    return open_channel(address, security=STACK_SECURITY)
+
+
+def stack_blocking_channel(address: str) -> grpc.Channel:
+    return open_blocking_channel(address, security=STACK_SECURITY)
+
+
+def stack_token_file(folder: Path) -> Path:
+    path = folder / "grpc-token"
+    path.write_text(STACK_TOKEN)
+    path.chmod(0o600)
+    return path
 
 
 def default_model_dir() -> Path:
@@ -33,14 +58,18 @@ def start_worker(role: str, model_dir: Path, *extra: str, name: str | None = Non
     return start(name or role, "services.worker.main", parse(WorkerConfig, flags))
 
 
-def start_gateway_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Service, str]:
+def start_gateway_stack(
+    mode: str, cache_dir: Path, *extra: str, dtype: str = "float32"
+) -> tuple[Service, str]:
     """`services.gateway.main --mode MODE`: the gateway starts tokenizer and workers itself.
 
-    float32: SmolLM2's greedy answer to the France question is a near-tie in bf16 (vLLM's
-    bf16 kernels pick "L'Étoile..."; fp32 gives "The capital of France is Paris.").
+    float32 by default: SmolLM2's greedy answer to "What is the capital of France?" is a
+    near-tie in bf16 (vLLM's bf16 kernels pick "L'Étoile..."; fp32 gives "The capital of
+    France is Paris."), and tests compare greedy text. `dtype="auto"`: the users' default (bf16).
     """
-    flags = ["--mode", mode, "--port", "0", "--model", str(default_model_dir()), "--dtype", "float32",
-             "--cache-dir", str(cache_dir), *extra]  # fmt: skip
+    flags = ["--mode", mode, "--port", "0", "--model", str(default_model_dir()), "--dtype", dtype,
+             "--cache-dir", str(cache_dir), "--grpc-token-file", str(stack_token_file(cache_dir)),
+             *extra]  # fmt: skip
     service = start("gateway", "services.gateway.main", parse(GatewayConfig, flags))
     try:
         base_url = service.wait_http_ready(900)
@@ -51,6 +80,18 @@ def start_gateway_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Servic
         f"local {mode} stack ready after {service.ready_after_s:.1f} s, RSS {rss_mib(service):.0f} MiB (all processes)"
     )
     return service, base_url
+
+
+# Suites about the gateway's own behaviour, which does not depend on what the model says, run on
+# the mock engine (libs/mockengine): vLLM's scheduling and KV cache simulated with the CPU
+# profile's step times, tokens that depend only on their context, no model loaded, no start-up
+# wait. The tokenizer is SmolLM2's, as on a real stack.
+MOCK_ENGINE = ("--engine", "mock", "--mock-profile", "cpu-smollm2", "--mock-startup-s", "0")
+
+
+def start_mock_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Service, str]:
+    """`start_gateway_stack` with every worker on the mock engine."""
+    return start_gateway_stack(mode, cache_dir, *MOCK_ENGINE, *extra)
 
 
 def stop_gateway_stack(service: Service) -> None:
@@ -81,7 +122,7 @@ def _stop_tree(service: Service) -> list[psutil.Process]:
 async def stored_chunks(kvstore_address: str, at_least: int, timeout_s: float = 20.0) -> int:
     """Chunks in the kvstore's CPU tier, once there are `at_least` (saving is asynchronous)."""
     deadline = time.monotonic() + timeout_s
-    async with grpc.aio.insecure_channel(kvstore_address) as channel:
+    async with stack_channel(kvstore_address) as channel:
         stub = kvstore_pb2_grpc.KvStoreStub(channel)
         while True:
             stats = await stub.GetStats(kvstore_pb2.GetStatsRequest())

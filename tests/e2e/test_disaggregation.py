@@ -1,7 +1,9 @@
-"""Conditional disaggregation on real vLLM workers with SmolLM2 (float32), 1p1d.
+"""Conditional disaggregation, 1p1d on the mock engine: the gateway's routing is what is tested
+(that a prompt computed on the decode worker and one handed off give the same greedy tokens on
+vLLM is test_worker_pd's; on the mock their tokens depend only on the context).
 
-One tokenizer, one prefill and one decode worker (the expensive part, started once), and two
-gateways over them (no model, seconds each): `--disagg-policy always` and `conditional`.
+One tokenizer, one prefill and one decode worker, and two gateways over them:
+`--disagg-policy always` and `conditional`.
 Under conditional a short prompt stays on the decode worker (no handoff: the decode worker's
 NIXL pull count does not move) and a long one goes through the prefill worker (it does);
 both answer, with the greedy text of the always-remote gateway. The decision counter says
@@ -20,14 +22,13 @@ import httpx
 import pytest
 
 from libs.config.flags import parse
+from libs.gateway.config import GatewayConfig
 from libs.tokenization.server_config import TokenizerServerConfig
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from services.gateway.config import GatewayConfig
 from tests.e2e.harness import Service, start, wait_healthy
 from tests.e2e.prompts import RAW, question, shared_prefix
-from tests.e2e.stack import start_worker
+from tests.e2e.stack import MOCK_ENGINE, start_worker
 
-DTYPE = "float32"  # greedy text compared exactly across the two paths (see test_worker_pd)
 THRESHOLD = 128  # --local-prefill-max-tokens for the test: RAW[0] under it, LONG over
 LONG_TOKENS = 600
 MAX_TOKENS = 16
@@ -41,8 +42,8 @@ def gateways(model_dir: Path) -> Iterator[dict[str, str]]:
             "tokenizer", "services.tokenizer.main", parse(TokenizerServerConfig, ["--model", str(model_dir)])
         )
         services.append(tokenizer)
-        prefill = start_worker("prefill", model_dir, "--device-group", "0", "--dtype", DTYPE)
-        decode = start_worker("decode", model_dir, "--device-group", "1", "--dtype", DTYPE)
+        prefill = start_worker("prefill", model_dir, *MOCK_ENGINE)
+        decode = start_worker("decode", model_dir, *MOCK_ENGINE)
         services += [prefill, decode]
 
         async def all_healthy() -> None:

@@ -129,8 +129,12 @@ def stacks(
     stops: list[Callable[[], None]] = []
     urls: dict[str, str] = {}
     try:
-        # 1e1p1d's encoder fetches http(s) image URLs (1 s limit); 1e1pd's refuses them.
-        extra = {"1e1p1d": ("--allow-image-urls", "--image-fetch-timeout-s", "1"), "1e1pd": ()}
+        # 1e1p1d's encoder fetches http(s) image URLs (1 s limit), from 127.0.0.1 too (the
+        # slow test server: --allow-private-image-urls); 1e1pd's refuses them.
+        extra = {
+            "1e1p1d": ("--allow-image-urls", "--allow-private-image-urls", "--image-fetch-timeout-s", "1"),
+            "1e1pd": (),
+        }
         for mode in ("1e1p1d", "1e1pd"):
             config = stack_config(mode, model_dir, tmp_path_factory.mktemp(mode), *extra[mode])
             stack, addresses = launch_with_worker_model(config, nan_vision_model)

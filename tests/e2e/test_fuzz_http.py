@@ -1,30 +1,37 @@
-"""Fuzzing the gateway's HTTP API on a real pd stack (SmolLM2) from its own OpenAPI document:
-request bodies that follow the schema and bodies broken on purpose (wrong types, numbers far
-out of range, unknown fields, missing fields, deep nesting, not an object), plus hand-made
-malformed bytes (invalid UTF-8, truncated JSON, 100,000-deep arrays, NaN/Infinity literals,
-lone surrogates, megabyte prompts). For every one: never a 5xx, a 4xx is always an OpenAI
-error object, no request hangs. Afterwards a valid request succeeds, every worker is healthy
-and idle (none was ejected). max_tokens is kept at 4 or less so that the examples that reach
-the model stay cheap; the examples are fixed (derandomized) so that CI runs the same ones."""
+"""Fuzzing the gateway's HTTP API on a real pd stack (SmolLM2) from its own OpenAPI document
+(`/openapi.json`, FastAPI's), with schemathesis: for every operation, bodies that follow the
+schema (positive) and bodies that break it (negative: wrong types, values out of range,
+required fields missing, not an object, raw bytes), plus hand-made malformed bytes
+schemathesis does not produce (invalid UTF-8, truncated JSON, 100,000-deep arrays,
+NaN/Infinity literals, lone surrogates, megabyte prompts). For every one: never a 5xx, a 4xx
+is always an OpenAI error object, no request hangs. Afterwards a valid request succeeds, every
+worker is healthy and idle (none was ejected). max_tokens is kept at 4 or less so that the
+examples that reach the model stay cheap; the examples are fixed (derandomized) so that CI
+runs the same ones. Then the edge's bounds on the real workers (two requests with one
+request_id, a 4,000-conversation batch, a 1 MiB request_id) and a short soak."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import requests
+import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis import GenerationMode
 
 from tests.e2e.harness import Service
 from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
 from tests.fuzz.events import outcome
-from tests.fuzz.openapi import OpenApi
 from tools.soak.memory import TreeSampler
 from tools.soak.report import as_json, as_text
 from tools.soak.runner import SoakOptions, soak
@@ -33,15 +40,28 @@ from tools.soak.workload import Mix
 MAX_MODEL_LEN = 512
 MAX_TOKENS = 4
 TIMEOUT_S = 60.0  # per request, all bytes included: more is a hang
-PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
-GENERATING = PATHS[:2]
+# Every POST operation with a body; the GET operations and /ping are fuzzed in one test.
+PATHS = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/chat/completions/batch",
+    "/invocations",
+    "/tokenize",
+    "/detokenize",
+]
+GENERATING = PATHS[:4]
+MALFORMED_PATHS = PATHS[:2]
+# Examples per operation and mode (the CI budget: a few minutes on 2 cores with the stack's
+# start): 20 + 20 for each body, 10 + 10 for the batch (its nested conversations are slow to
+# generate), 12 for the operations without a body: 232 requests.
+EXAMPLES = {GenerationMode.POSITIVE: 20, GenerationMode.NEGATIVE: 20}
+FEWER_EXAMPLES = {"/v1/chat/completions/batch": 10}
 
 FUZZ = settings(
-    max_examples=40,
     deadline=None,
     database=None,
     derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    suppress_health_check=list(HealthCheck),
 )
 
 
@@ -50,22 +70,61 @@ class Gateway:
         self.service = service
         self.base_url = base_url
         self.client = httpx.Client(timeout=httpx.Timeout(TIMEOUT_S))
+        self.session = requests.Session()  # schemathesis' transport
         self.model = self.client.get(f"{base_url}/v1/models").json()["data"][0]["id"]
-        self.openapi = OpenApi(self.client.get(f"{base_url}/openapi.json").json())
+        self.schema = schemathesis.openapi.from_dict(self.client.get(f"{base_url}/openapi.json").json())
         self.statuses: Counter[str] = Counter()  # "path status" -> requests, printed at the end
+        self.examples = 0
+        self.started = time.monotonic()
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    # The users' default dtype (bf16 on CPU), for the README's example; the fuzzing does not care.
     service, base_url = start_gateway_stack(
-        "pd", tmp_path_factory.mktemp("cache"), "--max-model-len", str(MAX_MODEL_LEN)
+        "pd", tmp_path_factory.mktemp("cache"), "--max-model-len", str(MAX_MODEL_LEN), dtype="auto"
     )
     try:
         gateway = Gateway(service, base_url)
         yield gateway
         gateway.client.close()
+        gateway.session.close()
     finally:
         stop_gateway_stack(service)
+
+
+def readme_first_example() -> dict[str, Any]:
+    """The body of the README's first example (the first `curl ... -d '{...}'` under "Examples")."""
+    readme = Path("README.md").read_text()
+    examples = readme[readme.index("## Examples") :]
+    found = re.search(r"-d '(\{.*?\})'", examples, re.S)
+    assert found, "no curl example under the README's Examples"
+    return dict(json.loads(found.group(1)))
+
+
+def test_the_readmes_first_example_answers_right(gateway: Gateway) -> None:
+    """The first thing a user runs: greedy, in the default bf16. "What is the capital of
+    France?" answered "L'Étoile, la Marseillaise, ..." here on Intel with AMX (a near-tie, its
+    first token 0.125 nats ahead); the example's question leads by >= 1.375 nats at every token."""
+    body = readme_first_example()
+    assert body["temperature"] == 0 and "capital of France" in body["messages"][0]["content"]
+    reply = gateway.client.post(
+        gateway.base_url + "/v1/chat/completions", json={**body, "model": gateway.model}
+    )
+    assert reply.status_code == 200, reply.text
+    text = reply.json()["choices"][0]["message"]["content"]
+    print(f"README's first example: {body['messages'][0]['content']!r} -> {text!r}")
+    # The question it replaced, for the record (which way its near-tie falls depends on the CPU).
+    old = {
+        **body,
+        "model": gateway.model,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    }
+    old_text = gateway.client.post(gateway.base_url + "/v1/chat/completions", json=old).json()["choices"][0][
+        "message"
+    ]["content"]
+    print(f"the old example on this CPU: {old_text!r}")
+    assert "Paris" in text, text
 
 
 def send(gateway: Gateway, path: str, content: bytes, content_type: str | None = "application/json") -> None:
@@ -74,17 +133,23 @@ def send(gateway: Gateway, path: str, content: bytes, content_type: str | None =
     started = time.monotonic()
     with gateway.client.stream("POST", gateway.base_url + path, content=content, headers=headers) as response:
         body = response.read()
-    elapsed = time.monotonic() - started
-    shown = content[:300]
-    assert elapsed < TIMEOUT_S, f"{path} took {elapsed:.0f}s for {shown!r}"
-    assert response.status_code < 500, f"{path} {response.status_code} {body[:500]!r} for {shown!r}"
-    outcome(f"{path} {response.status_code}")
-    gateway.statuses[f"{path} {response.status_code}"] += 1
-    if response.status_code >= 400:
-        check_error_object(json.loads(body), f"{path} {response.status_code} for {shown!r}")
-    elif response.headers.get("content-type", "").startswith("text/event-stream"):
-        check_stream(body.decode(), f"{path} for {shown!r}")
-    else:
+    check_answer(gateway, path, response.status_code, response.headers.get("content-type", ""), body,
+                 time.monotonic() - started, repr(content[:300]))  # fmt: skip
+
+
+def check_answer(
+    gateway: Gateway, path: str, status: int, content_type: str, body: bytes, elapsed: float, shown: str
+) -> None:
+    """Never a 5xx, never a hang, a 4xx always an OpenAI error object, a stream well ended."""
+    assert elapsed < TIMEOUT_S, f"{path} took {elapsed:.0f}s for {shown}"
+    assert status < 500, f"{path} {status} {body[:500]!r} for {shown}"
+    outcome(f"{path} {status}")
+    gateway.statuses[f"{path} {status}"] += 1
+    if status >= 400:
+        check_error_object(json.loads(body), f"{path} {status} for {shown}")
+    elif content_type.startswith("text/event-stream"):
+        check_stream(body.decode(), f"{path} for {shown}")
+    elif content_type.startswith("application/json"):
         json.loads(body)
 
 
@@ -111,26 +176,30 @@ def as_json_bytes(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
-@st.composite
-def tamed(
-    draw: st.DrawFn, bodies: st.SearchStrategy[Any], gateway: Gateway, path: str, trim: bool = False
+def tame(
+    body: Any, gateway: Gateway, path: str, draw: st.DataObject, fields: tuple[set[str], set[str]]
 ) -> Any:
     """Keeps a generating request cheap (max_tokens <= 4), mostly names the served model, and
-    with `trim`, half the time keeps only a few optional fields (each may be refused on its
-    own), so that examples get past validation to the tokenizer and the worker."""
-    body = draw(bodies)
+    half the time keeps the required fields and at most 3 of the others the schema declares
+    (each may be refused on its own; schemathesis also adds undeclared ones, which the
+    gateway ignores), so that examples get past validation to the tokenizer and worker."""
     if not isinstance(body, dict):
         return body
     body = dict(body)
-    required = set(gateway.openapi.body_schema(path).get("required", []))
-    optional = sorted(k for k in body if k not in required)
-    if trim and len(optional) > 0 and draw(st.booleans()):
-        keep = draw(st.sets(st.sampled_from(optional), max_size=3))
+    declared, required = fields
+    if draw.draw(st.booleans(), label="a few fields only"):
+        optional = sorted(k for k in body if k in declared and k not in required)
+        keep = draw.draw(st.sets(st.sampled_from(optional), max_size=3)) if optional else set()
         body = {k: v for k, v in body.items() if k in required or k in keep}
-    if isinstance(body.get("model"), str) and draw(st.integers(0, 9)) < 8:
+    if "model" in body and draw.draw(st.integers(0, 9), label="model") < 8:
         body["model"] = gateway.model
     if path not in GENERATING:
         return body
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and draw.draw(st.booleans(), label="token ids in the vocabulary"):
+        # Ids the schema allows but the vocabulary (49,152) does not are refused early: most
+        # generated lists would never reach the model otherwise.
+        body["prompt"] = [_in_vocabulary(item) for item in prompt]
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if (
@@ -144,29 +213,72 @@ def tamed(
     return body
 
 
+def _in_vocabulary(item: Any) -> Any:
+    if isinstance(item, int) and not isinstance(item, bool):
+        return item % 1000
+    if isinstance(item, list):
+        return [_in_vocabulary(i) for i in item]
+    return item
+
+
+def declared_fields(gateway: Gateway, path: str) -> tuple[set[str], set[str]]:
+    """The body's declared and required properties (of either request type where the body is
+    one of two)."""
+    raw = gateway.schema.raw_schema
+    body = raw["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    declared: set[str] = set()
+    required: set[str] = set()
+    for option in [body, *body.get("anyOf", [])]:
+        ref = option.get("$ref", "")
+        schema = raw["components"]["schemas"][ref.rsplit("/", 1)[-1]] if ref else option
+        declared |= set(schema.get("properties", {}))
+        required |= set(schema.get("required", []))
+    return declared, required
+
+
+def call(gateway: Gateway, case: schemathesis.Case, path: str) -> None:
+    """Sends a schemathesis case through its own transport and checks the answer."""
+    gateway.examples += 1
+    started = time.monotonic()
+    response = case.call(base_url=gateway.base_url, session=gateway.session, timeout=TIMEOUT_S)
+    content_type = response.headers.get("content-type", [""])
+    check_answer(gateway, path, response.status_code, content_type[0] if content_type else "",
+                 response.content, time.monotonic() - started, case.as_curl_command()[:400])  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", list(EXAMPLES), ids=lambda mode: mode.value)
 @pytest.mark.parametrize("path", PATHS)
-def test_bodies_that_follow_the_schema(gateway: Gateway, path: str) -> None:
-    @FUZZ
-    @given(body=tamed(gateway.openapi.valid(gateway.openapi.body_schema(path)), gateway, path, trim=True))
-    def run(body: Any) -> None:
-        send(gateway, path, as_json_bytes(body))
+def test_schemathesis_bodies(gateway: Gateway, path: str, mode: GenerationMode) -> None:
+    operation = gateway.schema[path]["POST"]
+    fields = declared_fields(gateway, path)
+
+    @settings(FUZZ, max_examples=FEWER_EXAMPLES.get(path, EXAMPLES[mode]))
+    @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
+    def run(case: schemathesis.Case, data: st.DataObject) -> None:
+        case.body = tame(case.body, gateway, path, data, fields)
+        call(gateway, case, path)
 
     run()
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_broken_bodies(gateway: Gateway, path: str) -> None:
-    @settings(FUZZ, max_examples=60)
-    @given(body=tamed(gateway.openapi.broken(gateway.openapi.body_schema(path)), gateway, path))
-    def run(body: Any) -> None:
-        send(gateway, path, as_json_bytes(body))
+def test_schemathesis_every_other_operation(gateway: Gateway) -> None:
+    """The operations without a body (health, readiness, metrics, models, version, ping),
+    as schemathesis calls them (positive and negative query strings and headers)."""
+    fuzzed = gateway.schema.exclude(path=PATHS)
+    operations = [result.ok() for result in fuzzed.get_all_operations()]
+    assert {op.path for op in operations} >= {"/health", "/ready", "/v1/models", "/ping"}
+
+    @settings(FUZZ, max_examples=12)
+    @given(case=fuzzed.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    def run(case: schemathesis.Case) -> None:
+        call(gateway, case, case.path)
 
     run()
 
 
 DEEP = 100_000
 # A body FastAPI cannot parse (bad UTF-8, JSON nested past Python's recursion limit, an
-# integer of more than 4300 digits) is still an OpenAI error object (services/gateway/app.py).
+# integer of more than 4300 digits) is still an OpenAI error object (libs/gateway/api/app.py).
 MALFORMED: list[Any] = [
     pytest.param(
         "invalid UTF-8 in a string",
@@ -239,7 +351,7 @@ TOKENIZE_MALFORMED: list[tuple[str, str, bytes]] = [
 @pytest.mark.parametrize(
     ("what", "content"), MALFORMED, ids=[getattr(m, "id", None) or m[0] for m in MALFORMED]
 )
-@pytest.mark.parametrize("path", GENERATING)
+@pytest.mark.parametrize("path", MALFORMED_PATHS)
 def test_malformed_bytes(gateway: Gateway, path: str, what: str, content: bytes) -> None:
     send(gateway, path, content.replace(b'"M"', json.dumps(gateway.model).encode()))
 
@@ -255,6 +367,40 @@ def test_malformed_tokenize_bodies(gateway: Gateway, what: str, path: str, conte
 def test_wrong_content_type(gateway: Gateway, content_type: str | None) -> None:
     body = {"model": gateway.model, "prompt": "fox", "max_tokens": 2}
     send(gateway, "/v1/completions", as_json_bytes(body), content_type)
+
+
+def test_the_edges_bounds_on_the_real_workers(gateway: Gateway) -> None:
+    """Two concurrent requests with one request_id are both served (the worker used to refuse
+    the second: [200, 400]); a 4,000-conversation batch is a 400 within a second (it used to
+    fill the admission queue: 429 after 4.3 s); a 1 MiB request_id is a 400 naming it."""
+    body = {"model": gateway.model, "prompt": "The quick brown fox", "max_tokens": 16,
+            "ignore_eos": True, "request_id": "same-id"}  # fmt: skip
+
+    async def twice() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+            return list(
+                await asyncio.gather(
+                    *(client.post(gateway.base_url + "/v1/completions", json=body) for _ in range(2))
+                )
+            )
+
+    answers = asyncio.run(twice())
+    assert [a.status_code for a in answers] == [200, 200], [a.text[:300] for a in answers]
+    assert [a.json()["id"] for a in answers] == ["cmpl-same-id", "cmpl-same-id"]
+    batch = {
+        "model": gateway.model,
+        "max_tokens": 2,
+        "messages": [[{"role": "user", "content": "hi"}]] * 4000,
+    }
+    started = time.monotonic()
+    refused = gateway.client.post(gateway.base_url + "/v1/chat/completions/batch", json=batch)
+    elapsed = time.monotonic() - started
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "messages"), refused.text[:300]
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
+    huge = gateway.client.post(gateway.base_url + "/v1/chat/completions/batch",
+                               json={**batch, "messages": batch["messages"][:1], "request_id": "r" * 2**20})  # fmt: skip
+    assert (huge.status_code, huge.json()["error"]["param"]) == (400, "request_id"), huge.text[:300]
+    print(f"4,000 conversations: 400 in {elapsed * 1000:.0f} ms; same request_id twice: 200, 200")
 
 
 def test_afterwards_a_valid_request_succeeds_and_no_worker_was_ejected(gateway: Gateway) -> None:
@@ -274,6 +420,9 @@ def test_afterwards_a_valid_request_succeeds_and_no_worker_was_ejected(gateway: 
     tracebacks = gateway.service.running.log_path.read_text(errors="replace").count("Traceback")
     print(f"tracebacks in the gateway's log after fuzzing: {tracebacks}")
     print("fuzzed requests by answer:", dict(sorted(gateway.statuses.items())))
+    print(
+        f"schemathesis examples: {gateway.examples}; all fuzzing took {time.monotonic() - gateway.started:.0f} s"
+    )
 
 
 def test_a_short_soak_after_the_fuzzing(gateway: Gateway) -> None:

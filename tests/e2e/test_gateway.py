@@ -8,13 +8,12 @@ import os
 import time
 from collections.abc import Iterator
 
-import grpc
 import httpx
 import openai
 import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
+from tests.e2e.stack import stack_blocking_channel, start_gateway_stack, stop_gateway_stack
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -228,7 +227,7 @@ def test_bad_requests_get_openai_errors_and_the_stack_keeps_serving(
 
 
 def worker_stats(address: str) -> worker_pb2.WorkerStats:
-    with grpc.insecure_channel(address) as channel:
+    with stack_blocking_channel(address) as channel:
         return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=10)
 
 

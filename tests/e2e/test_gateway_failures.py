@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import httpx
 import psutil
 import pytest
@@ -33,7 +32,13 @@ from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service, child_env, log_dir
 from tests.e2e.prompts import question, shared_prefix
-from tests.e2e.stack import kill_worker, start_gateway_stack, stop_gateway_stack, stored_chunks
+from tests.e2e.stack import (
+    kill_worker,
+    stack_blocking_channel,
+    start_gateway_stack,
+    stop_gateway_stack,
+    stored_chunks,
+)
 
 PREFIX_TOKENS = 1900
 MAX_TOKENS = 16
@@ -110,7 +115,7 @@ def kvstore_address(gateway: Service) -> str:
 
 
 def worker_stats(address: str) -> worker_pb2.WorkerStats:
-    with grpc.insecure_channel(address) as channel:
+    with stack_blocking_channel(address) as channel:
         return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest(), timeout=10)
 
 

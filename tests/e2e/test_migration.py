@@ -1,25 +1,34 @@
-"""Request migration on a real 2p2d stack (SmolLM2, float32): greedy streams in flight when one
+"""Request migration on a real 1p2d stack (SmolLM2, float32): greedy streams in flight when one
 decode worker is SIGKILLed (its whole process tree) all complete, each with exactly the text
 and token count of an uninterrupted run of the same prompts, and the gateway counts the moves
-(libs/gateway/migration.py). Two decode workers share the decode core, so the streams are kept
+(libs/gateway/serving/migration.py). Two decode workers share the decode core, so the streams are kept
 few and short."""
 
 from __future__ import annotations
 
 import json
+import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import grpc
 import httpx
+import psutil
 import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.config.groups import DEFAULT_SHUTDOWN_GRACE_S
 from tests.e2e.harness import Service
-from tests.e2e.stack import kill_worker, start_gateway_stack, stop_gateway_stack
+from tests.e2e.stack import (
+    kill_worker,
+    listening_ports,
+    stack_blocking_channel,
+    start_gateway_stack,
+    stop_gateway_stack,
+)
 
 MAX_TOKENS = 48
 # Tokens every stream has received before the kill: well inside MAX_TOKENS, so the killed
@@ -36,7 +45,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
     service, base_url = start_gateway_stack(
-        "2p2d", tmp_path_factory.mktemp("cache"), "--max-model-len", "1024", "--migration-limit", "2",
+        "1p2d", tmp_path_factory.mktemp("cache"), "--max-model-len", "1024", "--migration-limit", "2",
         "--restart-limit", "0",  # the killed decode stays dead: its streams must move
     )  # fmt: skip
     try:
@@ -57,7 +66,9 @@ class Stream:
     done: bool = False
 
 
-def stream_chat(base_url: str, model: str, prompt: str, seen: Stream) -> Stream:
+def stream_chat(
+    base_url: str, model: str, prompt: str, seen: Stream, extra: dict[str, object] | None = None
+) -> Stream:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -67,6 +78,7 @@ def stream_chat(base_url: str, model: str, prompt: str, seen: Stream) -> Stream:
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=300) as response:
         assert response.status_code == 200, response.read()
@@ -90,12 +102,20 @@ def stream_chat(base_url: str, model: str, prompt: str, seen: Stream) -> Stream:
     return seen
 
 
-def run_streams(base_url: str, model: str, during: threading.Event | None = None) -> list[Stream]:
-    """PROMPTS streamed at once; `during` is set once every stream received KILL_AFTER_TOKENS."""
-    streams = [Stream() for _ in PROMPTS]
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+def run_streams(
+    base_url: str,
+    model: str,
+    during: threading.Event | None = None,
+    requests: list[tuple[str, dict[str, object]]] | None = None,
+) -> list[Stream]:
+    """`requests` (prompt, extra body fields; default PROMPTS) streamed at once; `during` is
+    set once every stream received KILL_AFTER_TOKENS."""
+    requests = requests or [(p, {}) for p in PROMPTS]
+    streams = [Stream() for _ in requests]
+    with ThreadPoolExecutor(len(requests)) as pool:
         futures = [
-            pool.submit(stream_chat, base_url, model, p, s) for p, s in zip(PROMPTS, streams, strict=True)
+            pool.submit(stream_chat, base_url, model, p, s, extra)
+            for (p, extra), s in zip(requests, streams, strict=True)
         ]
         if during is not None:
             deadline = time.monotonic() + 240
@@ -125,7 +145,7 @@ def metric(base_url: str, series: str) -> float:
 
 def running(address: str) -> int:
     """Requests the worker's engine is running now (its own stats, not the gateway's last poll)."""
-    with grpc.insecure_channel(address) as channel:
+    with stack_blocking_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         return stub.GetStats(worker_pb2.GetStatsRequest(), timeout=10).num_running
 
@@ -174,3 +194,89 @@ def test_streams_on_a_killed_decode_worker_continue_on_the_other_unchanged(
         assert after.text == before.text
     # The victim had streams in flight: at least one moved (each at most once: one kill).
     assert 1 <= migrated <= len(PROMPTS)
+
+
+# Structured output cannot move to another worker (migration.py): a drain must let it finish
+# where it is. A schema whose answers outrun MAX_TOKENS, so these streams run to their length.
+FACTS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "facts": {"type": "array", "items": {"type": "string"}, "minItems": 4},
+    },
+    "required": ["city", "facts"],
+}
+STRUCTURED: dict[str, object] = {
+    "response_format": {"type": "json_schema", "json_schema": {"name": "facts", "schema": FACTS}},
+    "ignore_eos": False,
+}
+DRAIN_REQUESTS: list[tuple[str, dict[str, object]]] = [(p, {}) for p in PROMPTS] + [
+    (f"Give four facts about {city} as JSON.", STRUCTURED) for city in ("Paris", "Tokyo", "Nairobi", "Lima")
+]
+
+
+def logged_exit_codes(gateway: Service) -> list[int]:
+    """The exit codes of the gateway's children, as its stack supervisor logs them ("local
+    service exited"): a worker is the gateway's child, not the test's, so only the gateway
+    learns its exit status."""
+    text = gateway.running.log_path.read_text(errors="replace")
+    return [int(code) for code in re.findall(r'local service exited.*?\bcode"?\s*[=:]\s*(-?\d+)', text)]
+
+
+def worker_process(gateway: Service, address: str) -> psutil.Process:
+    port = int(address.rsplit(":", 1)[1])
+    for child in psutil.Process(gateway.process.pid).children():
+        if port in listening_ports(child):
+            return child
+    raise AssertionError(f"no worker process listens on {address}")
+
+
+def test_a_decode_worker_stopped_with_sigterm_finishes_its_streams_within_its_grace(
+    stack: tuple[Service, str],
+) -> None:
+    """Last in this module: it stops a decode worker for good (an exit 0 is not restarted).
+    SIGTERM to the worker process alone, as Kubernetes or Docker's init sends it: its 8 greedy
+    streams, text and json_schema, all finish with the text of an uninterrupted run, none errs,
+    and the worker exits within its --shutdown-grace-s."""
+    gateway, base_url = stack
+    model = served_model(base_url)
+    uninterrupted = run_streams(base_url, model, requests=DRAIN_REQUESTS)
+    for s in uninterrupted:
+        assert s.done and not s.errors and s.finish_reason == "length", s
+
+    reached = threading.Event()
+    stopped: dict[str, float | int | str | None] = {}
+
+    def sigterm_when_reached() -> None:
+        reached.wait(300)
+        alive = [w for w in decode_workers(base_url) if w["healthy"]]
+        victim = max((str(w["address"]) for w in alive), key=running)
+        process = worker_process(gateway, victim)
+        stopped["running"] = running(victim)
+        exits_before = len(logged_exit_codes(gateway))
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=DEFAULT_SHUTDOWN_GRACE_S + 60)  # not our child: waits, gives no code
+        stopped["seconds"] = time.monotonic() - signalled
+        stopped["address"] = victim
+        deadline = time.monotonic() + 10  # the gateway's supervisor reaps it within a second or so
+        while len(codes := logged_exit_codes(gateway)) <= exits_before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stopped["exit"] = codes[exits_before] if len(codes) > exits_before else None
+
+    stopper = threading.Thread(target=sigterm_when_reached)
+    stopper.start()
+    drained = run_streams(base_url, model, during=reached, requests=DRAIN_REQUESTS)
+    stopper.join()
+    print(f"SIGTERM to {stopped['address']} running {stopped['running']} streams: exit {stopped['exit']} after "
+          f"{stopped['seconds']:.1f} s")  # fmt: skip
+    assert isinstance(stopped["running"], int) and stopped["running"] > 0
+    for before, after in zip(uninterrupted, drained, strict=True):
+        assert after.done and not after.errors, after
+        assert (after.text, after.finish_reason, after.usage) == (
+            before.text,
+            before.finish_reason,
+            before.usage,
+        )
+    assert stopped["exit"] == 0
+    assert isinstance(stopped["seconds"], float) and stopped["seconds"] <= DEFAULT_SHUTDOWN_GRACE_S

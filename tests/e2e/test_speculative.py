@@ -1,8 +1,9 @@
 """Speculative decoding on the decode worker of a real 1p1d stack (float32 SmolLM2): greedy
 output with n-gram and with a draft model (SmolLM2 drafting for itself) is the output without
-speculation, on 20 prompts, and the decode worker reports accepted draft tokens. The
-draft-model stack is qaic_disagg's documented launch command, pasted with only the model and
-the device groups changed.
+speculation, and the decode worker reports accepted draft tokens. The draft-model stack is
+qaic_disagg's documented launch command, pasted with only the model and the device groups
+changed. CI runs 4 repetitive completions and 4 chats per stack (most of each stack's time is
+its start); `--test_env=CLEAVE_E2E_SPEC_PROMPTS=10` runs all 20.
 
 One stack at a time (two would not fit a 2-core machine): each fixture starts its stack, runs
 every prompt in order (one at a time, so batch shapes match across the three stacks), reads
@@ -11,6 +12,7 @@ the gateway's re-exported worker metrics and stops it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ REPETITIVE = [
     "Repeat this sentence forever: I like green apples. I like green apples. I like green apples.",
 ]
 CHATS = CHAT[:10]
+PER_KIND = int(os.environ.get("CLEAVE_E2E_SPEC_PROMPTS", "4"))  # of each list, at most 10
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 5}'
 # qaic_disagg's documented draft-model launch command (its Disaggregated Serving page) verbatim,
 # except --model (smollm2), the device groups (0 / 1) and the draft model (smollm2 itself,
@@ -75,8 +78,8 @@ def run_stack(cache_dir: Path, *flags: str) -> Run:
     try:
         with httpx.Client(base_url=base_url, timeout=300) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]
-            outputs = [_complete(client, model, prompt) for prompt in REPETITIVE]
-            outputs += [_chat(client, model, text) for text in CHATS]
+            outputs = [_complete(client, model, prompt) for prompt in REPETITIVE[:PER_KIND]]
+            outputs += [_chat(client, model, text) for text in CHATS[:PER_KIND]]
             reply = _chat(client, model, "What is the capital of France?")[0]
             spec = _spec_decode_metrics(client, expect_drafts="--decode-speculative-config" in flags)
         return Run(outputs, spec, reply)

@@ -11,14 +11,13 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import grpc.aio
 import httpx
 import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.harness import Service
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
+from tests.e2e.stack import stack_channel, start_gateway_stack, stop_gateway_stack
 
 PROMPT = "The capital of France is"
 # Prompt logprobs of each mode, compared once both ran (pytest runs one mode's tests, then the other's).
@@ -70,15 +69,14 @@ def worker_prompt_logprobs(
     sampling = common_pb2.SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=top)
 
     async def call() -> list[common_pb2.TokenLogprob]:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with stack_channel(address) as channel:
             stub = worker_pb2_grpc.WorkerStub(channel)
             metadata = common_pb2.RequestMetadata(request_id=f"direct-{mode}")
             if role == "prefill":
                 response = await stub.Prefill(
                     worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=prompt, sampling=sampling)
                 )
-                if response.HasField("handoff"):  # leased KV nobody will pull: let it go
-                    await stub.Abort(worker_pb2.AbortRequest(request_id=metadata.request_id))
+                # A handoff nobody pulls: its lease (--kv-lease-s) frees the KV.
                 return list(response.prompt_logprobs)
             async for item in stub.Generate(
                 worker_pb2.GenerateRequest(metadata=metadata, prompt_token_ids=prompt, sampling=sampling)

@@ -272,39 +272,6 @@ async def test_abort_mid_decode_frees_kv_on_both_sides(
         await wait_kv_back_to_baseline(prefill, decode, prefill_before, decode_before)
 
 
-async def test_abort_rpc_mid_decode_ends_the_stream_with_finish_reason_abort(
-    workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
-) -> None:
-    """Abort(request_id) on a running decode: the stream goes on to a last chunk whose finish
-    reason is ABORT, long before max_tokens, then completes; KV back to baseline on both sides."""
-    ids = prompts[-2][1]
-    async with (
-        grpc.aio.insecure_channel(workers["prefill"].address) as p_channel,
-        grpc.aio.insecure_channel(workers["decode"].address) as d_channel,
-    ):
-        prefill, decode = worker_pb2_grpc.WorkerStub(p_channel), worker_pb2_grpc.WorkerStub(d_channel)
-        prefill_before = await prefill.GetStats(worker_pb2.GetStatsRequest())
-        decode_before = await decode.GetStats(worker_pb2.GetStatsRequest())
-        call, streamed = await start_long_decode(prefill, decode, "abort-rpc-1", ids)
-        found = await decode.Abort(worker_pb2.AbortRequest(request_id="abort-rpc-1"))
-        assert found.found
-        finish_reasons, completed = [], None
-        async for item in call:
-            assert not item.HasField("error"), item.error.message
-            if item.HasField("chunk"):
-                streamed += len(item.chunk.token_ids)
-                finish_reasons.append(item.chunk.finish_reason)
-            if item.HasField("complete"):
-                completed = item.complete
-        print(f"Abort after {streamed} of {ABORT_MAX_TOKENS} tokens")
-        assert finish_reasons and finish_reasons[-1] == common_pb2.FINISH_REASON_ABORT, finish_reasons
-        assert completed is not None and completed.usage.completion_tokens == streamed
-        assert streamed < ABORT_MAX_TOKENS
-        after = await decode.GetStats(worker_pb2.GetStatsRequest())
-        assert after.requests_aborted == decode_before.requests_aborted + 1
-        await wait_kv_back_to_baseline(prefill, decode, prefill_before, decode_before)
-
-
 async def test_unpulled_handoff_is_freed_by_lease_expiry(
     workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
 ) -> None:

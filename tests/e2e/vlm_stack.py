@@ -25,10 +25,12 @@ from typing import Any
 import pytest
 
 from libs.config.flags import parse
+from libs.config.roles import Role
+from libs.gateway.config import GatewayConfig
 from libs.stack import local
 from libs.stack.launcher import LocalStack, Service
 from libs.worker.config import WorkerConfig
-from services.gateway.config import GatewayConfig
+from services.entry_points import ENTRY_POINTS
 from tests.e2e.harness import log_dir, start
 
 # Idefics3's vision tower (SigLIP) and its connector (pixel shuffle + projection).
@@ -79,7 +81,7 @@ def launch_with_worker_model(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local, "worker_config", worker_config)
         try:
-            addresses = asyncio.run(local.launch(config, stack))
+            addresses = asyncio.run(local.launch(config, stack, entry_points=ENTRY_POINTS))
         except BaseException:
             stack.stop()
             raise
@@ -91,9 +93,9 @@ def start_gateway(name: str, config: GatewayConfig, addresses: local.StackAddres
     flags = ["--port", "0", "--tokenizer", addresses.tokenizer, "--wait-for-workers-s", "0",
              "--cache-dir", str(config.cache_dir)]  # fmt: skip
     for flag, role in (
-        ("--prefill-workers", "prefill"),
-        ("--decode-workers", "decode"),
-        ("--pd-workers", "both"),
+        ("--prefill-workers", Role.PREFILL),
+        ("--decode-workers", Role.DECODE),
+        ("--pd-workers", Role.BOTH),
     ):
         if addresses.workers[role]:
             flags += [flag, ",".join(addresses.workers[role])]

@@ -37,6 +37,7 @@ from tools.bench.systems import guidellm, rounds_report, sweep
 from tools.bench.systems.catalog import (
     CALIBRATION_SYSTEMS,
     CLEAVE_NIXL_PROGRESS_DELAY_US,
+    MOCK_SYSTEMS,
     SYSTEMS,
     VARIANT_SYSTEMS,
     VLLM_NIXL_PROGRESS_DELAY_US,
@@ -189,7 +190,9 @@ def parse_args(argv: Sequence[str]) -> CompareOptions:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        systems = _names(args.systems, SYSTEMS + CALIBRATION_SYSTEMS + VARIANT_SYSTEMS, "system")
+        systems = _names(
+            args.systems, SYSTEMS + CALIBRATION_SYSTEMS + VARIANT_SYSTEMS + MOCK_SYSTEMS, "system"
+        )
         workloads = _names(args.workloads, WORKLOADS, "workload")
         sizes = CompareSizes(**{name: getattr(args, name) for name in dataclasses.asdict(CompareSizes())})
         settings = ServingSettings(

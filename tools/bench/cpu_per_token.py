@@ -31,7 +31,7 @@ from libs.stack.process import Launched, start, wait_ready
 from tools.bench import proc_cpu
 from tools.bench.compare import _cores, _names, _out_dir, _resolve_model, warmup_config
 from tools.bench.runner import run_benchmark
-from tools.bench.systems.catalog import SYSTEMS, VARIANT_SYSTEMS, ServingSettings, plan_system
+from tools.bench.systems.catalog import MOCK_SYSTEMS, SYSTEMS, VARIANT_SYSTEMS, ServingSettings, plan_system
 from tools.bench.systems.presets import CompareSizes, bench_config
 
 WORKLOAD = "short-chat"
@@ -74,7 +74,9 @@ class Measurement:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cpu_per_token", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--systems", default="vllm,cleave-pd", help=f"comma-separated: {', '.join(SYSTEMS + VARIANT_SYSTEMS)}"
+        "--systems",
+        default="vllm,cleave-pd",
+        help=f"comma-separated: {', '.join(SYSTEMS + VARIANT_SYSTEMS + MOCK_SYSTEMS)}",
     )
     parser.add_argument("--concurrency", default="4,16", help="comma-separated closed-loop concurrencies")
     parser.add_argument("--rounds", type=int, default=3)
@@ -97,7 +99,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="write the report of these cpu_per_token.json files (runs of this tool) and exit",
     )
     args = parser.parse_args(argv)
-    args.systems = _names(args.systems, SYSTEMS + VARIANT_SYSTEMS, "system")
+    args.systems = _names(args.systems, SYSTEMS + VARIANT_SYSTEMS + MOCK_SYSTEMS, "system")
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.out_dir = _out_dir(args.out_dir)
     return args

@@ -3,8 +3,10 @@ gateway's in-process detokenizer (docs/benchmarks.md, issue 17).
 
 ./bazel run //tools/bench:detokenize_path -- --modes stream,local,local,stream,stream,local
 
-The gateway's Pipeline, the real tokenizer service (SmolLM2's tokenizer) and a fake worker that
-streams one token per message run in this one process on loopback; each mode serves the same
+The gateway's serving room, the tokenizer service's streaming detokenizer and decoder (SmolLM2's
+tokenizer; libs/tokenization's code, behind the same libs/rpc wrapper services/tokenizer serves
+it with) and a fake worker that streams one token per message run in this one process on
+loopback; each mode serves the same
 requests (a stop string that never matches, so every token goes through the stop matcher) and
 reports the process's CPU time per token. The fake worker's sends and the pipeline count in
 both modes; the difference is the detokenize path. Every mode must give the same text.
@@ -16,25 +18,49 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 import grpc.aio
 
 from cleave.common.v1 import common_pb2
-from cleave.tokenizer.v1 import tokenizer_pb2_grpc
+from cleave.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.groups import DEFAULT_CACHE_DIR
-from libs.gateway.local_detokenize import load_decoder
-from libs.gateway.pipeline import GenerationSpec, Pipeline, SequenceEvent
-from libs.gateway.pool import WorkerPool
-from libs.gateway.routing import create_policy
+from libs.config.roles import Role
+from libs.gateway.common.generation import GenerationSpec, SequenceEvent
+from libs.gateway.fleet.pool import WorkerPool
+from libs.gateway.fleet.routing import create_policy
+from libs.gateway.serving.generate import Serving
+from libs.gateway.serving.local_detokenize import load_decoder
 from libs.models.resolve import resolve_model
 from libs.rpc.channel import open_channel
+from libs.rpc.methods import rpc_stream
 from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
 from libs.tokenization import Tokenizer, TokenizerConfig
-from services.tokenizer.servicer import TokenizerServicer, binding
+from libs.tokenization.detokenize_stream import detokenize_stream
+from libs.tokenization.service_info import decoder_spec
 
 TEXT = "The quick brown fox jumps over the lazy dog, again and again. " * 20
+
+
+class _Tokenizer(tokenizer_pb2_grpc.TokenizerServicer):
+    """The two calls of the tokenizer service the detokenize path makes."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    @rpc_stream(service="tokenizer")
+    def DetokenizeStream(
+        self,
+        request_iterator: AsyncIterator[tokenizer_pb2.DetokenizeStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncGenerator[tokenizer_pb2.DetokenizeStreamResponse, None]:
+        return detokenize_stream(self._tokenizer, request_iterator, service="tokenizer")
+
+    async def GetDecoder(
+        self, request: tokenizer_pb2.GetDecoderRequest, context: grpc.aio.ServicerContext
+    ) -> tokenizer_pb2.DecoderSpec:
+        return decoder_spec(self._tokenizer)
 
 
 class _Worker(worker_pb2_grpc.WorkerServicer):
@@ -74,23 +100,28 @@ async def measure(mode: str, tokenizer: Tokenizer, requests: int, concurrency: i
         servers.append(server)
         return server.address
 
-    tokenizer_address = await serve(binding(TokenizerServicer(tokenizer, model="m", max_model_len=2048)))
+    tokenizer_service = ServiceBinding(
+        "cleave.tokenizer.v1.Tokenizer",
+        _Tokenizer(tokenizer),
+        tokenizer_pb2_grpc.add_TokenizerServicer_to_server,
+    )
+    tokenizer_address = await serve(tokenizer_service)
     worker = ServiceBinding(
         "cleave.worker.v1.Worker", _Worker(ids), worker_pb2_grpc.add_WorkerServicer_to_server
     )
-    pool = WorkerPool({"both": [await serve(worker)]})
+    pool = WorkerPool({Role.BOTH: [await serve(worker)]})
     await pool.start()
     stub = tokenizer_pb2_grpc.TokenizerStub(open_channel(tokenizer_address))
     decoder = await load_decoder(stub) if mode == "local" else None
     policy = create_policy("round_robin")
-    pipeline = Pipeline(pool, stub, policy, policy, decoder=decoder)
+    pipeline = Serving(pool, stub, policy, policy, decoder=decoder)
     limit = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> str:
         async with limit:
             sampling = common_pb2.SamplingParams(max_tokens=tokens + 1)
             spec = GenerationSpec(f"r{i}", "m", ids[:5], sampling, ["no such stop"])
-            return "".join([e.text async for e in pipeline.run(spec) if isinstance(e, SequenceEvent)])
+            return "".join([e.text async for e in pipeline.generate(spec) if isinstance(e, SequenceEvent)])
 
     await one(-1)  # warm-up
     cpu, wall = time.process_time(), time.perf_counter()

@@ -1,6 +1,6 @@
 """What a prompt costs computed on the decode worker vs handed off from a prefill worker, by
 prompt length: the measurement behind conditional disaggregation's default threshold
-(--local-prefill-max-tokens, libs/gateway/disaggregation.py; docs/benchmarks.md).
+(--local-prefill-max-tokens, libs/gateway/serving/disaggregation.py; docs/benchmarks.md).
 
 ./bazel run //tools/bench:disagg_threshold -- --lengths 64,256,1024 --reps 2 --out /tmp/dt.md
 

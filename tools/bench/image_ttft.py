@@ -28,8 +28,10 @@ import httpx
 from PIL import Image
 
 from libs.config.flags import parse
+from libs.gateway.config import GatewayConfig
+from libs.stack.entry_points import ServiceKind
 from libs.stack.launcher import Service, start_service
-from services.gateway.config import GatewayConfig
+from services.entry_points import ENTRY_POINTS
 
 
 def image_url(seed: int, size: int) -> str:
@@ -106,7 +108,11 @@ def start_stack(mode: str, model: Path, cache: Path) -> tuple[Service, str]:
         str(cache),
     ]
     service = start_service(
-        "gateway", "gateway", "services.gateway.main", parse(GatewayConfig, flags), cache / "logs"
+        "gateway",
+        "gateway",
+        ENTRY_POINTS.module(ServiceKind.GATEWAY),
+        parse(GatewayConfig, flags),
+        cache / "logs",
     )
     return service, service.wait_http_ready(900)
 

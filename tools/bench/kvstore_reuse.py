@@ -25,12 +25,15 @@ import numpy as np
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.groups import DEFAULT_CACHE_DIR
+from libs.config.roles import Role
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.models.resolve import resolve_model
+from libs.stack.entry_points import ServiceKind
 from libs.stack.launcher import LocalStack
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
+from services.entry_points import ENTRY_POINTS
 from tools.bench import words
 
 
@@ -68,7 +71,9 @@ async def tokens_loaded(address: str) -> int:
 
 async def run(args: argparse.Namespace, stack: LocalStack, tokenizer: Tokenizer) -> None:
     store = KvStoreConfig(cpu_bytes=1 << 30, chunk_tokens=args.chunk_tokens)
-    kvstore = stack.start("kvstore", "kvstore", "services.kvstore.main", KvStoreProcessConfig(store=store))
+    kvstore = stack.start(
+        "kvstore", "kvstore", ENTRY_POINTS.module(ServiceKind.KVSTORE), KvStoreProcessConfig(store=store)
+    )
     kvstore_address = kvstore.wait_bound()
     for index in range(2):
         worker = WorkerConfig(
@@ -76,7 +81,7 @@ async def run(args: argparse.Namespace, stack: LocalStack, tokenizer: Tokenizer)
             kvstore_chunk_tokens=args.chunk_tokens, dtype=args.dtype,
             kv_cache_dtype="mxint8" if args.mxint8 else "auto",
         )  # fmt: skip
-        stack.start(f"worker{index}", "both", "services.worker.main", worker)
+        stack.start(f"worker{index}", "both", ENTRY_POINTS.module(ServiceKind.WORKER), worker)
     await stack.wait_ready(timeout_s=900)
     workers = stack.addresses("both")
     # One throwaway round: the first requests of a fresh engine are slower.

@@ -24,9 +24,11 @@ from pathlib import Path
 import httpx
 
 from libs.config.flags import parse
-from libs.gateway.request_limits import CHARS_PER_CONTEXT_TOKEN
+from libs.gateway.api.request_limits import CHARS_PER_CONTEXT_TOKEN
+from libs.gateway.config import GatewayConfig
+from libs.stack.entry_points import ServiceKind
 from libs.stack.launcher import Service, start_service
-from services.gateway.config import GatewayConfig
+from services.entry_points import ENTRY_POINTS
 
 WORDS = "the quick brown fox jumps over the lazy dog and keeps running across the field "
 
@@ -143,7 +145,7 @@ def start_stack(args: argparse.Namespace) -> Service:
     log_dir = Path(tempfile.mkdtemp(prefix="cleave-prompt-interference-"))
     flags = ["--mode", args.mode, "--port", "0", "--model", args.model, "--cache-dir", str(log_dir / "cache")]
     config = parse(GatewayConfig, flags)
-    return start_service("gateway", "gateway", "services.gateway.main", config, log_dir)
+    return start_service("gateway", "gateway", ENTRY_POINTS.module(ServiceKind.GATEWAY), config, log_dir)
 
 
 def main() -> int:

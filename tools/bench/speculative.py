@@ -28,8 +28,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from libs.config.flags import parse
+from libs.gateway.config import GatewayConfig
+from libs.stack.entry_points import ServiceKind
 from libs.stack.launcher import Service, start_service
-from services.gateway.config import GatewayConfig
+from services.entry_points import ENTRY_POINTS
 from tools.bench.systems.rounds import spread
 
 # Text whose continuation repeats what the prompt already holds: the n-gram drafter's case.
@@ -87,7 +89,11 @@ def run_system(name: str, extra: list[str], args: argparse.Namespace, log_dir: P
         *extra,
     ]
     service: Service = start_service(
-        f"gateway-{name}", "gateway", "services.gateway.main", parse(GatewayConfig, flags), log_dir
+        f"gateway-{name}",
+        "gateway",
+        ENTRY_POINTS.module(ServiceKind.GATEWAY),
+        parse(GatewayConfig, flags),
+        log_dir,
     )
     try:
         base_url = service.wait_http_ready(args.timeout_s)

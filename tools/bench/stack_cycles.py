@@ -18,9 +18,11 @@ import httpx
 import psutil
 
 from libs.config.flags import parse
+from libs.gateway.config import GatewayConfig
+from libs.stack.entry_points import ServiceKind
 from libs.stack.launcher import start_service
 from libs.stack.process import LaunchError
-from services.gateway.config import GatewayConfig
+from services.entry_points import ENTRY_POINTS
 
 
 def one_cycle(index: int, args: argparse.Namespace, log_dir: Path) -> tuple[float, int]:
@@ -28,7 +30,9 @@ def one_cycle(index: int, args: argparse.Namespace, log_dir: Path) -> tuple[floa
     flags = ["--mode", args.mode, "--port", "0", "--model", args.model, "--cache-dir", str(log_dir / "cache")]
     config = parse(GatewayConfig, flags)
     started = time.monotonic()
-    service = start_service(f"gateway-{index}", "gateway", "services.gateway.main", config, log_dir)
+    service = start_service(
+        f"gateway-{index}", "gateway", ENTRY_POINTS.module(ServiceKind.GATEWAY), config, log_dir
+    )
     try:
         base_url = service.wait_http_ready(args.timeout_s)
         ready_s = time.monotonic() - started

@@ -257,7 +257,9 @@ def _base_repository_impl(rctx):
             str(packer),
             cache_dir,
             rctx.attr.suite,
-            rctx.attr.mirror,
+            # A dated snapshot (http://snapshot.debian.org/archive/debian/20261201T000000Z) pins
+            # every package version; the default mirror gives the suite's current ones.
+            env.get("CLEAVE_OCI_BASE_MIRROR") or rctx.attr.mirror,
             ",".join(rctx.attr.packages),
         ],
         timeout = 1800,
@@ -285,7 +287,7 @@ oci_base_repository = repository_rule(
         "_script": attr.label(default = "//tools/build_defs:oci_base.sh"),
         "_packer": attr.label(default = "//tools/build_defs:oci_pack.py"),
     },
-    environ = ["CLEAVE_OCI_BASE_CACHE"],
+    environ = ["CLEAVE_OCI_BASE_CACHE", "CLEAVE_OCI_BASE_MIRROR"],
     doc = "The base layer: `debootstrap --variant=minbase` + packages, packed deterministically; " +
           "kept in ~/.cache/cleave/oci-base keyed by its inputs, so it is built once per machine.",
 )

@@ -2,7 +2,8 @@
 # The base layer of Cleave's images (run by oci_base_repository in oci.bzl):
 #   oci_base.sh OUT_DIR PACKER CACHE_DIR SUITE MIRROR PACKAGES(comma-separated)
 # debootstraps a Debian minbase root file system with PACKAGES, adds the `cleave` user
-# (uid/gid 10001) and the /models volume directory, and packs it deterministically into
+# (uid/gid 10001), the /models and /etc/cleave/secrets volume directories, and packs it
+# deterministically into
 # OUT_DIR/base.tar (+ base.json, its descriptor).
 #
 # The result is kept in CACHE_DIR under a key of every input (this script, the packer, the
@@ -34,6 +35,13 @@ if [ ! -f "$cached/base.json" ]; then
   $sudo chroot "$root" /usr/sbin/useradd --uid 10001 --gid 10001 --home-dir /home/cleave \
     --create-home --shell /usr/sbin/nologin cleave
   $sudo install -d -o 10001 -g 10001 -m 0755 "$root/models"
+  # The deployment's secrets volume (compose's init step writes it as uid 10001; a new volume
+  # takes this folder's owner and mode).
+  $sudo install -d -m 0755 "$root/etc/cleave"
+  $sudo install -d -o 10001 -g 10001 -m 0700 "$root/etc/cleave/secrets"
+  # What the base holds, package by package: the image carries its own manifest, and
+  # base.json names its digest, so a deployment pinned to a content tag pins these too.
+  $sudo sh -c "chroot '$root' dpkg-query -W -f '\${Package}=\${Version}\n' | sort > '$root/usr/share/cleave-base-packages.txt'"
   # Records of the day it was built, not of what is installed.
   $sudo chroot "$root" /usr/bin/apt-get clean
   $sudo rm -rf "$root"/var/lib/apt/lists/* "$root"/var/log/* "$root"/var/cache/debconf/*-old \

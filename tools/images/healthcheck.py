@@ -4,8 +4,8 @@
     python3 /opt/cleave/healthcheck.py http --path /health --default-port 8000   # gateway
 
 The image's ENTRYPOINT is the service itself, so the flags it was started with are PID 1's
-command line: the probe reads `--port`/`--host`/`--port-file` there instead of asking the
-operator to repeat them. gRPC: the standard health service's overall status ("") must be
+command line: the probe reads `--health-port` (else `--port`/`--port-file`) and `--host` there
+instead of asking the operator to repeat them. gRPC: the standard health service's overall status ("") must be
 SERVING (a worker answers NOT_SERVING while its model loads). HTTP: the path must answer 200.
 Exit 0 = healthy, 1 = not. Standard library only (runs on the image's bare python3).
 """
@@ -33,10 +33,15 @@ def flag_value(argv: list[str], name: str) -> str | None:
 
 
 def target(argv: list[str], default_port: int | None) -> tuple[str, int]:
-    """Where the service started with `argv` listens, as an address to connect to."""
+    """Where the service started with `argv` listens, as an address to connect to: its
+    --health-port when it has one (the health service alone, in plaintext: the main port of a
+    deployment with mTLS takes no plaintext caller), else its --port."""
     host = flag_value(argv, "--host") or "127.0.0.1"
     if host in _ANY_ADDRESS:
         host = "127.0.0.1"
+    health_port = flag_value(argv, "--health-port")
+    if health_port:
+        return host, int(health_port)
     port_text = flag_value(argv, "--port")
     port = int(port_text) if port_text is not None else default_port
     port_file = flag_value(argv, "--port-file")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ./bazel run //tools/images [-- --engine docker|podman] [--tag TAG]
 # Loads Cleave's images (built by this target's data) into docker or podman, tags them
-# `latest` and with the source revision (git short sha, "-dirty" with uncommitted changes),
-# and prints each image's id (its config digest) and size.
+# `latest`, with the source revision (git short sha, "-dirty" with uncommitted changes) and
+# with the set's content tag (c-<12 hex of the images' ids>), and prints each image's id (its
+# config digest) and size, then `CLEAVE_TAG=<content tag>`.
 set -euo pipefail
 
 engine="${CLEAVE_ENGINE:-}"
@@ -47,13 +48,26 @@ start=$(date +%s)
 python3 "$packer" archive "${args[@]}" --out - | "$engine" load
 echo "images: loaded in $(( $(date +%s) - start )) s" >&2
 
-printf '%-18s %-24s %-73s %s\n' IMAGE TAG "ID (config digest)" SIZE
+# The content tag: one tag for the whole set, derived from every image's id (its config
+# digest, which covers its layers), so it names exactly these bytes and never moves to others.
+ids=""
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  expected=$(sed -n 's/^image id (config digest) //p' "$runfiles/$(echo "${line#*=}" | cut -d, -f1 | sed 's/\.config\.json$/.digest/')")
+  ids+="${line%%=*}=${expected#sha256:}"$'\n'
+done <"$list"
+content_tag="c-$(printf '%s' "$ids" | sort | sha256sum | cut -c1-12)"
+
+printf '%-18s %-34s %-73s %s\n' IMAGE TAGS "ID (config digest)" SIZE
 while IFS= read -r line; do
   [ -n "$line" ] || continue
   ref=${line%%=*} name=${ref%%:*}
   "$engine" tag "$ref" "$name:$tag"
+  "$engine" tag "$ref" "$name:$content_tag"
   expected=$(sed -n 's/^image id (config digest) //p' "$runfiles/$(echo "${line#*=}" | cut -d, -f1 | sed 's/\.config\.json$/.digest/')")
   read -r id size < <("$engine" image inspect --format '{{.Id}} {{.Size}}' "$ref")
   [ "${id#sha256:}" = "${expected#sha256:}" ] || { echo "images: $ref loaded as $id, built as $expected" >&2; exit 1; }
-  printf '%-18s %-24s %-73s %s MB\n' "$name" "latest,$tag" "sha256:${id#sha256:}" "$(( size / 1000000 ))"
+  printf '%-18s %-34s %-73s %s MB\n' "$name" "latest,$tag,$content_tag" "sha256:${id#sha256:}" "$(( size / 1000000 ))"
 done <"$list"
+echo "images: content tag of this set: $content_tag (CLEAVE_TAG=$content_tag for compose; --image-tag $content_tag for //tools/deploy_secrets --kustomize)" >&2
+echo "CLEAVE_TAG=$content_tag"

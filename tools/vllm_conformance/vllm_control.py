@@ -12,26 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
+from libs.rpc.ports import free_port
 from libs.stack.process import ProcessSpec, RunningProcess, python_module, start
 from tools.vllm_conformance.serve_args import control_args
 
 HOST = "127.0.0.1"
 KV_CACHE_GIB = 2
-
-
-def _free_port() -> int:
-    # vLLM's server takes a port number, not a port file: the kernel picks one, it is released
-    # and vLLM binds it a moment later (a small race a tool run can live with).
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
 
 
 def _wait_healthy(running: RunningProcess, url: str, timeout_s: float) -> None:
@@ -63,7 +55,9 @@ def vllm_server(
     startup_timeout_s: float,
 ) -> Iterator[str]:
     """vLLM's OpenAI server on loopback; yields its base URL once /health answers."""
-    port = _free_port()
+    # vLLM's server takes a port number, not a port file: one below the kernel's ephemeral
+    # range, which no other process's bind(0) or outgoing connection can take meanwhile.
+    port = free_port()
     argv = python_module("vllm.entrypoints.openai.api_server", [
         "--model", model_path, "--served-model-name", served_name, "--host", HOST, "--port", str(port),
         *control_args(vllm_args),

@@ -9,9 +9,10 @@ from libs.config.codecs import BYTES, DEVICE_GROUP, KEY_VALUES, POSITIVE_INT
 from libs.config.errors import ConfigError
 from libs.config.flags import PATH, build_parser, compose, flag, group, parse, render
 from libs.config.groups import GrpcSecurityFlags, LoggingFlags, ModelFlags, RoleFlags, ServerFlags
+from libs.config.roles import Role
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.tokenization.server_config import TokenizerServerConfig
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -148,7 +148,7 @@ def slow_server() -> Iterator[str]:
 
 
 def test_http_fetch_when_enabled(slow_server: str) -> None:
-    enabled = ImageLimits(allow_http=True, http_timeout_s=0.5)
+    enabled = ImageLimits(allow_http=True, http_timeout_s=0.5, allow_private=True)  # 127.0.0.1
     assert image_bytes(f"{slow_server}/ok", enabled) == png()
     started = time.monotonic()
     with pytest.raises(ImageError, match=r"timed out after 0\.5 s"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -16,7 +16,8 @@ import grpc.aio
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2
 from cleave.worker.v1 import worker_pb2
-from libs.gateway.pool import WorkerPool
+from libs.config.roles import Role
+from libs.gateway.fleet.pool import WorkerPool
 
 TOKENS = [3, 4]
 
@@ -138,11 +139,11 @@ class FakeDetokenizer:
         return _DetokenizeCall(aiter(requests))
 
 
-async def fake_pool(roles: dict[str, Sequence[FakeWorker]], **options: Any) -> WorkerPool:
+async def fake_pool(roles: Mapping[str, Sequence[Any]], **options: Any) -> WorkerPool:
     """A pool of in-memory workers at addresses "<role>-<i>", polled once (all answer)."""
     pool = WorkerPool({}, **options)
     for role, workers in roles.items():
         for i, worker in enumerate(workers):
-            pool.add(f"{role}-{i}", role, worker)
+            pool.add(f"{role}-{i}", Role(role), worker)
     await pool.poll_once()
     return pool

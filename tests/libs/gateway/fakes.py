@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -13,7 +15,9 @@ import grpc.aio
 from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from libs.gateway.generation import Finished, GenerationSpec, SequenceEvent, check_vocabulary
+from libs.gateway.api.context import ApiContext, ApiOptions
+from libs.gateway.common.generation import Finished, GenerationSpec, SequenceEvent, check_vocabulary
+from libs.gateway.fleet.facts import ModelFacts
 
 # "é" is two UTF-8 bytes, so logprobs' "bytes" is not just the code points.
 VOCAB = {1: "Hello", 2: ",", 3: " world", 4: "!", 5: "é", 6: " there"}
@@ -55,8 +59,46 @@ class FakeTokenizer:
         return tokenizer_pb2.RenderChatResponse(token_ids=[len(m.content[0].text) for m in request.messages])
 
 
-class ScriptedPipeline:
-    """Pipeline.run's shape: replays `events`, then raises `error` (if any) or waits forever
+@dataclass(frozen=True)
+class FixedFacts:
+    """The fleet's facts as the edge reads them, fixed for a test."""
+
+    current: ModelFacts
+
+
+def api_context(
+    serving: Any,
+    *,
+    max_model_len: int = 32,
+    workers: Any = None,
+    tokenizer: Any = None,
+    options: ApiOptions | None = None,
+    **facts: Any,
+) -> ApiContext:
+    """What the HTTP app serves, over a scripted serving room and a fake tokenizer."""
+    tokenizer = tokenizer or FakeTokenizer()
+    return ApiContext(
+        serving,
+        FixedFacts(ModelFacts("m", max_model_len, **facts)),
+        workers,
+        tokenizer,
+        FakeHealth(getattr(tokenizer, "reachable", True)),
+        options or ApiOptions(),
+    )
+
+
+@dataclass(frozen=True)
+class FakeHealth:
+    """The tokenizer's health as its watch would report it."""
+
+    reachable: bool
+
+    def status(self) -> dict[str, Any]:
+        return {"reachable": True} if self.reachable else {"reachable": False, "error": "UNAVAILABLE"}
+
+
+class ScriptedServing:
+    """Serving.generate's shape: replays `events`, then raises `error` (if any) or waits forever
     when `hang` (a stream the client abandons); `closed` is set when the run ends in any way."""
 
     def __init__(
@@ -79,7 +121,7 @@ class ScriptedPipeline:
         if self.vocab_size is not None:
             check_vocabulary(spec, self.vocab_size)
 
-    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+    async def generate(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
         self.check(spec)
         self.specs.append(spec)
         try:
@@ -95,7 +137,7 @@ class ScriptedPipeline:
 
 
 class TableModel:
-    """Pipeline.run's shape for one-token steps: a "language model" whose next-token
+    """Serving.generate's shape for one-token steps: a "language model" whose next-token
     probabilities depend only on the last token (`table[last] -> {token: p}`). It answers each
     spec with the most likely token and the top `spec.sampling.logprobs` as TopLogprobs, as a
     worker's greedy one-token generation does; records the specs."""
@@ -104,7 +146,7 @@ class TableModel:
         self.table = table
         self.specs: list[GenerationSpec] = []
 
-    async def run(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
+    async def generate(self, spec: GenerationSpec) -> AsyncIterator[SequenceEvent | Finished]:
         self.specs.append(spec)
         ranked = sorted(self.table[spec.prompt_token_ids[-1]].items(), key=lambda item: -item[1])
         top = [

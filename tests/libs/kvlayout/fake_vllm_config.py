@@ -51,6 +51,7 @@ def fake_vllm_config(
             is_multimodal_model=False,
         ),
         cache_config=SimpleNamespace(block_size=block_size, cache_dtype=cache_dtype, num_gpu_blocks=40),
+        scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=2048),
         parallel_config=parallel_config,
         device_config=SimpleNamespace(device_type="cpu"),
         kv_transfer_config=SimpleNamespace(

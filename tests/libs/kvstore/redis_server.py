@@ -29,8 +29,9 @@ def redis_server_binary() -> str:
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
         self.workdir = workdir
+        self.password = password
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -51,6 +52,7 @@ class RedisServer:
                 "",
                 "--appendonly",
                 "no",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -61,7 +63,9 @@ class RedisServer:
             if self._process.poll() is not None:
                 raise RuntimeError(f"redis-server exited: {(self.workdir / 'redis.log').read_text()[-2000:]}")
             try:
-                with redis.Redis(port=self.port, socket_connect_timeout=0.5) as client:
+                with redis.Redis(
+                    port=self.port, password=self.password, socket_connect_timeout=0.5
+                ) as client:
                     if client.ping():
                         return self
             except redis.ConnectionError:
@@ -79,4 +83,4 @@ class RedisServer:
         self._process = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2)
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
+from libs.config.errors import ConfigError
 from libs.kvstore.config import KvStoreConfig
 from libs.kvstore.keys import engine_key
 from libs.kvstore.metrics import Tier
@@ -112,3 +114,24 @@ def test_a_corrupt_value_in_redis_is_rejected_and_deleted(
         assert after.get(chunk.key) is None
         assert after.stats().chunks_rejected == 1
         assert not client.exists(name + "kv_bytes")
+
+
+def test_a_redis_with_a_password_is_used_with_the_password_file_only(
+    make_store: StoreFactory, tmp_path: Path
+) -> None:
+    server = RedisServer(tmp_path / "locked", password="p@ss/word:1").start()
+    try:
+        password_file = tmp_path / "redis-password"
+        password_file.write_text("p@ss/word:1\nan-older-one\n")  # the first line is used
+        tokens = prompt(7, CHUNK_TOKENS)
+        store = make_store(redis_url=server.url, redis_password_file=password_file)
+        put_prompt(store, tokens)
+        assert tier(store.stats(), Tier.REMOTE).counts.bytes_in > 0
+        assert server.client().dbsize() > 0
+        without = make_store(redis_url=server.url)  # Redis refuses it: the tier is down, not wrong
+        assert without.lookup(tokens, LAYOUT).matched_tokens == 0
+        assert not tier(without.stats(), Tier.REMOTE).available
+        with pytest.raises(ConfigError, match="--redis-password-file"):
+            make_store(redis_url=server.url, redis_password_file=tmp_path / "missing")
+    finally:
+        server.stop()

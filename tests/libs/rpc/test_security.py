@@ -242,3 +242,22 @@ def test_bad_settings_name_their_flag(tmp_path: Path, pki: dict[str, Pem]) -> No
     with pytest.raises(ConfigError, match=TOKEN_ENV) as error:
         load_security(GrpcSecurityFlags(), {TOKEN_ENV: "has space"})
     assert "has space" not in str(error.value)  # a token is never echoed
+
+
+async def test_a_token_file_of_several_lines_sends_the_first_and_accepts_any(tmp_path: Path) -> None:
+    # A rotation's middle step: every service sends the new token and still takes the old one.
+    flags = GrpcSecurityFlags(grpc_token_file=write(tmp_path, "token", "new-token\nold-token\n"))
+    security = load_security(flags, {})
+    assert security.token == "new-token" and security.accepted_tokens == ("new-token", "old-token")
+    server = await started(security)
+    try:
+        for token, code in (
+            ("new-token", grpc.StatusCode.OK),
+            ("old-token", grpc.StatusCode.OK),
+            ("other-token", grpc.StatusCode.UNAUTHENTICATED),
+        ):
+            assert await get_info(server.address, RpcSecurity(token=token)) == code
+    finally:
+        await server.stop()
+    with pytest.raises(ConfigError, match="--grpc-token-file"):
+        load_security(GrpcSecurityFlags(grpc_token_file=write(tmp_path, "bad", "ok\nhas space\n")), {})

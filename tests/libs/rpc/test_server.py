@@ -12,7 +12,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.rpc.channel import open_channel
 from libs.rpc.options import RpcOptions
-from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
+from libs.rpc.ports import free_port
+from libs.rpc.security import RpcSecurity
+from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, drain_and_stop, drain_deadline
 
 WORKER = "cleave.worker.v1.Worker"
 
@@ -87,6 +89,52 @@ async def test_graceful_stop_drains_in_flight_calls() -> None:
         info = await call
         await stopping
     assert info.model == "done"
+
+
+async def test_the_health_port_serves_health_alone_in_plaintext_without_the_token() -> None:
+    health_port = free_port()
+    server = make_server(health_port=health_port, security=RpcSecurity(token="secret-token"))
+    await server.start()
+    try:
+        health_address = f"127.0.0.1:{health_port}"
+        assert await check(health_address, WORKER) == health_pb2.HealthCheckResponse.SERVING
+        async with open_channel(health_address) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await worker_pb2_grpc.WorkerStub(channel).GetInfo(worker_pb2.GetInfoRequest())
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED  # nothing else is served there
+        await server.begin_drain()
+        # Both ports tell the same status: a drain is seen by the probe at once.
+        assert await check(health_address, "") == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await check(server.address, "") == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await server.stop()
+
+
+async def test_a_stop_says_not_serving_drains_then_stops_within_the_grace() -> None:
+    server = make_server(shutdown_grace_s=2.0)
+    await server.start()
+    seen: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def drain(deadline: float) -> None:
+        status = await check(server.address, "")
+        seen.append(("status during the drain", status))
+        seen.append(("deadline after", deadline - loop.time()))
+        await asyncio.sleep(60)  # a drain that overruns is cut at its deadline
+
+    started = loop.time()
+    await drain_and_stop(server, drain)
+    took = loop.time() - started
+    assert seen[0] == ("status during the drain", health_pb2.HealthCheckResponse.NOT_SERVING)
+    # The drain gets the grace less the stop's reserve (a fifth of 2 s), and the whole fits the grace.
+    assert 1.4 < seen[1][1] <= 1.6
+    assert 1.5 < took < 2.5, took
+
+
+def test_the_drain_deadline_keeps_the_stop_its_reserve() -> None:
+    assert drain_deadline(100.0, 50.0) == 145.0
+    assert drain_deadline(100.0, 2.0) == 101.6
+    assert drain_deadline(100.0, 0.0) == 100.0
 
 
 async def test_large_messages_pass_within_limit_and_fail_beyond() -> None:

@@ -5,9 +5,11 @@ from pathlib import Path
 
 from libs.config.flags import compose, parse, render
 from libs.config.groups import CpuBinding, GrpcSecurityFlags
+from libs.config.roles import Role
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.stack.config import StackConfig
 from libs.stack.local import (
+    colocated_groups,
     kvstore_config,
     split_cores,
     tokenizer_config,
@@ -16,7 +18,7 @@ from libs.stack.local import (
     write_stack_token,
 )
 from libs.tokenization.server_config import TokenizerServerConfig
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
 from libs.worker.engine_args import engine_environment
 
 
@@ -146,3 +148,18 @@ def test_the_chat_template_reaches_the_tokenizer() -> None:
     config = parse(StackConfig, ["--chat-template", "/t/hermes.jinja"])
     assert parse(TokenizerServerConfig, render(tokenizer_config(config))).chat_template == "/t/hermes.jinja"
     assert tokenizer_config(parse(StackConfig, [])).chat_template is None
+
+
+def test_several_colocated_workers_split_the_cores_and_one_keeps_them_all() -> None:
+    def groups(args: list[str], usable: tuple[int, ...]) -> list[tuple[int, ...]]:
+        return colocated_groups(parse(StackConfig, args), usable)
+
+    assert groups(["--mode", "2pd"], (0, 1)) == [(0,), (1,)]
+    assert groups(["--mode", "2pd"], (3, 2, 1, 0)) == [(0, 1), (2, 3)]
+    assert groups(["--mode", "3pd"], (0, 1, 2, 3)) == [(0,), (1,), (2,)]  # the 4th core unused
+    # A decode group given: split among them.
+    assert groups(["--mode", "2pd", "--decode-device-group", "2-5"], (0, 1, 2, 3, 4, 5)) == [(2, 3), (4, 5)]
+    # One colocated worker: as given (none: every usable core), as before.
+    assert groups(["--mode", "pd"], (0, 1)) == [()]
+    # More workers than cores: no split, they share.
+    assert groups(["--mode", "3pd"], (0, 1)) == [(), (), ()]

@@ -9,7 +9,8 @@ import pytest
 from libs.config.errors import ConfigError
 from libs.config.flags import parse
 from libs.config.groups import CpuBinding, GrpcSecurityFlags
-from libs.worker.config import Device, Role, WorkerConfig
+from libs.config.roles import Role
+from libs.worker.config import Device, WorkerConfig
 from libs.worker.engine_args import cpu_cores, draft_cpu_cores, engine_environment, engine_kwargs
 
 
@@ -117,6 +118,20 @@ def test_a_cpu_worker_without_a_device_group_binds_its_threads_to_every_usable_c
     cuda = engine_environment(config(device=Device.CUDA), usable_cores={0, 1})
     assert "CUDA_VISIBLE_DEVICES" not in cuda
     assert "VLLM_CPU_OMP_THREADS_BIND" not in cuda
+
+
+def test_a_container_quota_below_its_cores_gives_that_many_unbound_threads() -> None:
+    # A pod without a cpuset sees the node's 64 cores; its quota allows 2 CPUs.
+    node = set(range(64))
+    env = engine_environment(config(role=Role.BOTH), usable_cores=node, cpu_limit=2)
+    assert (env["VLLM_CPU_OMP_THREADS_BIND"], env["OMP_NUM_THREADS"]) == ("nobind", "2")
+    # A quota that covers the cores, a device group or another binding: as before.
+    whole = engine_environment(config(role=Role.BOTH), usable_cores={0, 1}, cpu_limit=2)
+    assert whole["VLLM_CPU_OMP_THREADS_BIND"] == "0,1" and "OMP_NUM_THREADS" not in whole
+    grouped = engine_environment(config(device_group=(3, 4)), usable_cores=node, cpu_limit=2)
+    assert grouped["VLLM_CPU_OMP_THREADS_BIND"] == "3,4"
+    auto = engine_environment(config(cpu_binding=CpuBinding.AUTO), usable_cores=node, cpu_limit=2)
+    assert auto["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
 
 
 def test_kv_cache_bytes_sizes_the_engine_cache_with_a_cpu_default() -> None:

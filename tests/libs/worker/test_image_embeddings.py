@@ -9,8 +9,9 @@ import torch
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
+from libs.config.roles import Role
 from libs.encoder.tensors import to_proto
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
 from libs.worker.errors import InvalidRequest
 from libs.worker.service import WorkerService
 from tests.libs.worker.fake_engine import FakeEngine

@@ -10,8 +10,9 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
+from libs.config.roles import Role
 from libs.rpc.errors import FailedPrecondition
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
 from libs.worker.engine import EngineStep
 from libs.worker.errors import InvalidRequest
 from libs.worker.service import WorkerService, WrongRole

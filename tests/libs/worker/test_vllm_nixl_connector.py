@@ -4,7 +4,8 @@ from typing import Any
 
 import pytest
 
-from libs.worker.config import Role, WorkerConfig
+from libs.config.roles import Role
+from libs.worker.config import WorkerConfig
 from libs.worker.engine_args import engine_kwargs
 from libs.worker.vllm_nixl_connector import NixlConnector, set_progress_delay
 

@@ -14,7 +14,7 @@ RUNFILES = Path(os.environ.get("TEST_SRCDIR", "."), os.environ.get("TEST_WORKSPA
 
 
 def test_every_service_the_local_stack_starts_ships_with_the_gateway_binary() -> None:
-    source = (RUNFILES / "libs/stack/local.py").read_text()
+    source = (RUNFILES / "services/entry_points.py").read_text()
     launched = set(re.findall(r'"(services\.\w+\.main)"', source))
     assert {"services.tokenizer.main", "services.worker.main", "services.kvstore.main"} <= launched
     missing = [m for m in sorted(launched) if not (RUNFILES / (m.replace(".", "/") + ".py")).is_file()]

@@ -59,10 +59,8 @@ async def put(stub: kvstore_pb2_grpc.KvStoreStub, chunks: list[pb.KvChunk]) -> p
     return response
 
 
-async def get(
-    stub: kvstore_pb2_grpc.KvStoreStub, keys: list[pb.ChunkKey], lease_id: str = ""
-) -> list[pb.GetResponse]:
-    return [r async for r in stub.Get(pb.GetRequest(metadata=metadata(), keys=keys, lease_id=lease_id))]
+async def get(stub: kvstore_pb2_grpc.KvStoreStub, keys: list[pb.ChunkKey]) -> list[pb.GetResponse]:
+    return [r async for r in stub.Get(pb.GetRequest(metadata=metadata(), keys=keys))]
 
 
 async def test_lookup_put_lookup_get(stub: kvstore_pb2_grpc.KvStoreStub) -> None:
@@ -122,20 +120,6 @@ async def test_bad_chunks_are_counted_not_fatal(stub: kvstore_pb2_grpc.KvStoreSt
     assert stats.chunks_rejected == 1
 
 
-async def test_lease_release_and_get_with_lease_releases_it(stub: kvstore_pb2_grpc.KvStoreStub) -> None:
-    keys = list((await stub.Lookup(pb.LookupRequest(token_ids=prompt(4, 32), layout=LAYOUT))).keys)
-    await put(stub, [make_chunk(k) for k in keys])
-    lease = await stub.Lease(pb.LeaseRequest(keys=keys, ttl_ms=30_000))
-    assert lease.num_pinned == 2 and lease.lease_id and lease.expires_unix_ms > 0
-    assert (await stub.GetStats(pb.GetStatsRequest())).num_leases == 1
-    assert (await stub.Release(pb.ReleaseRequest(lease_id=lease.lease_id))).found
-    assert not (await stub.Release(pb.ReleaseRequest(lease_id=lease.lease_id))).found
-
-    lease = await stub.Lease(pb.LeaseRequest(keys=keys))
-    assert len(await get(stub, keys, lease_id=lease.lease_id)) == 2
-    assert (await stub.GetStats(pb.GetStatsRequest())).num_leases == 0
-
-
 async def test_stats_report_each_tier(stub: kvstore_pb2_grpc.KvStoreStub) -> None:
     keys = list((await stub.Lookup(pb.LookupRequest(token_ids=prompt(5, 16), layout=LAYOUT))).keys)
     await put(stub, [make_chunk(keys[0])])
@@ -159,6 +143,3 @@ async def test_malformed_requests_are_invalid_argument(stub: kvstore_pb2_grpc.Kv
     with pytest.raises(grpc.aio.AioRpcError) as bad_key:
         await get(stub, [pb.ChunkKey(prefix_hash="abc", layout_fingerprint="def")])
     assert bad_key.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    with pytest.raises(grpc.aio.AioRpcError) as bad_lease:
-        await stub.Lease(pb.LeaseRequest(keys=[pb.ChunkKey(prefix_hash="abc")]))
-    assert bad_lease.value.code() == grpc.StatusCode.INVALID_ARGUMENT

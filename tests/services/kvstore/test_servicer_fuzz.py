@@ -1,6 +1,6 @@
 """Fuzzing the kvstore's gRPC API over loopback on a real KvStore (memory + disk tiers):
 arbitrary Put streams (random keys, layouts, tensors, checksums, and some well-formed chunks),
-Get/Lookup/Lease/Release with random keys and ids never end as UNKNOWN, INTERNAL or
+Get/Lookup with random keys never end as UNKNOWN, INTERNAL or
 UNAVAILABLE (the workers' connector would take that as the store failing); the store still
 answers, and a prompt stored before the fuzzing is still found whole."""
 
@@ -138,15 +138,4 @@ def test_lookup(kvstore: Store, request: pb.LookupRequest) -> None:
     response = call(kvstore.stub.Lookup, request)
     if response is not None:
         assert 0 <= response.matched_tokens <= len(request.token_ids)
-    still_serving(kvstore)
-
-
-@FUZZ
-@given(lease=messages(pb.LeaseRequest, OVERRIDES), release=messages(pb.ReleaseRequest, OVERRIDES))
-def test_lease_and_release(kvstore: Store, lease: pb.LeaseRequest, release: pb.ReleaseRequest) -> None:
-    granted = call(kvstore.stub.Lease, lease)
-    call(kvstore.stub.Release, release)
-    if granted is not None and granted.lease_id:
-        released = call(kvstore.stub.Release, pb.ReleaseRequest(lease_id=granted.lease_id))
-        assert released is not None
     still_serving(kvstore)

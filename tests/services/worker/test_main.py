@@ -17,8 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from structlog.testing import capture_logs
 
 from libs.config.errors import ConfigError
+from libs.config.roles import Role
 from libs.rpc.server import GrpcServer, ServerConfig
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
 from services.worker.main import (
     EXIT_ENGINE_DIED,
     fitted_max_model_len,

@@ -14,9 +14,10 @@ from prometheus_client import REGISTRY
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.config.roles import Role
 from libs.rpc.channel import open_channel
 from libs.rpc.server import GrpcServer, ServerConfig
-from libs.worker.config import Role, WorkerConfig
+from libs.worker.config import WorkerConfig
 from libs.worker.engine import EngineStep
 from libs.worker.errors import EngineUnavailable
 from libs.worker.service import WorkerService
@@ -137,7 +138,7 @@ async def test_a_failure_after_tokens_ends_the_stream_with_a_typed_error() -> No
 
 
 async def test_generate_counts_ok_when_the_caller_closes_the_stream_at_the_completion() -> None:
-    # The gateway stops reading at GenerateComplete (libs/gateway/pipeline.py) and the call is
+    # The gateway stops reading at GenerateComplete (libs/gateway/serving/generate.py) and the call is
     # cancelled; when the cancellation reaches the server before the handler resumes, gRPC
     # closes the handler's generator at that yield (aclose, as here). The request succeeded
     # and must count: compose_live_checks reads this counter to see which worker served.
@@ -157,7 +158,7 @@ async def test_generate_counts_ok_when_the_caller_closes_the_stream_at_the_compl
         kinds.append(response.WhichOneof("kind"))
         if kinds[-1] == "complete":
             break
-    await stream.aclose()  # type: ignore[attr-defined]
+    await stream.aclose()
     assert kinds[-1] == "complete"
     assert ok() - before == 1
 

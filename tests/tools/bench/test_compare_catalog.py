@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from libs.gateway.config import parse_args as parse_gateway_args
+from libs.stack.local import colocated_groups
 from libs.stack.process import ProcessSpec
-from services.gateway.config import parse_args as parse_gateway_args
 from tools.bench.reference_server import build_parser as reference_parser
 from tools.bench.systems.catalog import (
     KV_CACHE_GIB,
@@ -214,3 +215,21 @@ def test_only_the_per_request_variant_opens_a_generate_call_per_request() -> Non
                 expected = "per-request" if name == "cleave-pd-per-request" else "shared"
                 assert config.worker_streams == expected, name
     assert "cleave-pd-per-request" not in SYSTEMS  # an A/B variant, not run by default
+
+
+def test_every_mock_system_runs_its_workers_on_the_mock_engine_without_a_start_up_wait() -> None:
+    from tools.bench.systems.catalog import MOCK_SYSTEMS
+
+    for name in MOCK_SYSTEMS:
+        argv = plan_system(name, ServingSettings(model_path=Path("/m")), lambda: 1234).processes[0].argv
+        flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+        assert flags.get("--engine") == "mock" and flags.get("--mock-startup-s") == "0.0", (name, argv)
+
+
+def test_cleave_2pd_runs_two_colocated_workers_one_per_half_of_the_cores() -> None:
+    (gateway,) = plan("cleave-2pd", cores=(0, 1, 2, 3)).processes
+    config = parse_gateway_args(module_args(gateway, "services.gateway.main"))
+    assert config.mode.colocated == 2 and not config.mode.prefill and not config.mode.decode
+    assert colocated_groups(config, (0, 1, 2, 3)) == [(0, 1), (2, 3)]
+    assert "cleave-2pd" not in SYSTEMS and "cleave-2pd" in VARIANT_SYSTEMS
+    assert "colocated workers on cores 0-1, 2-3" in plan("cleave-2pd", cores=(0, 1, 2, 3)).description

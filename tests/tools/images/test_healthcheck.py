@@ -23,6 +23,12 @@ def test_target_reads_the_services_own_flags() -> None:
     assert healthcheck.target(["gateway"], default_port=8000) == ("127.0.0.1", 8000)
 
 
+def test_a_health_port_is_probed_instead_of_the_main_one() -> None:
+    # With mTLS on --port, only the plaintext health port answers a probe.
+    argv = ["worker", "--host=0.0.0.0", "--port=50060", "--health-port", "50090"]
+    assert healthcheck.target(argv, None) == ("127.0.0.1", 50090)
+
+
 def test_target_falls_back_to_the_port_file(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     port_file.write_text("4242\n")

@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from libs.config.flags import render
+from libs.config.groups import EngineKind
+from libs.gateway.config import GatewayConfig
 from libs.stack.config import StackRole
+from libs.stack.entry_points import ServiceKind
+from libs.stack.local import colocated_groups
 from libs.stack.local import split_cores as local_split_cores
 from libs.stack.process import ProcessSpec
 from libs.stack.topology import parse_mode
 from libs.worker.config import WorkerConfig
-from services.gateway.config import GatewayConfig
+from services.entry_points import ENTRY_POINTS
 from tools.bench.systems.scrape import HistogramProbe
 
 SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "cleave-1p1d-conditional", "vllm-pd")
@@ -30,21 +34,40 @@ SYSTEMS = ("vllm", "cleave-pd", "cleave-1p1d", "cleave-1p1d-kvstore", "cleave-1p
 # load generators (tools/bench, GuideLLM) add to what a server does.
 CALIBRATION_SYSTEMS = ("reference",)
 # Not run by default either: variants of a Cleave system for A/B runs of one of its options.
-VARIANT_SYSTEMS = ("cleave-pd-per-request",)
+VARIANT_SYSTEMS = ("cleave-pd-per-request", "cleave-2pd")
+# The same stacks with every worker on the mock engine (libs/mockengine): the calibrated CPU
+# profile beside the real engine (issue 29's calibration report), and the zero-time profile,
+# which delivers tokens as fast as the serving layer takes them (relay capacity).
+MOCK_SYSTEMS = ("cleave-pd-mock", "cleave-1p1d-mock", "cleave-pd-mock-zero", "cleave-pd-mock-h100")
 REFERENCE_TTFT_MS = 200
 REFERENCE_ITL_MS = 50
 # Cleave systems by name: (gateway --mode, whether the stack runs a kvstore).
 _CLEAVE_SYSTEMS = {
     "cleave-pd": ("pd", False),
+    # Two colocated workers, one per half of the cores: the all-pd fleet of 1p1d's size (issue 32).
+    "cleave-2pd": ("2pd", False),
     "cleave-1p1d": ("1p1d", False),
     "cleave-1p1d-kvstore": ("1p1d", True),
     "cleave-1p1d-conditional": ("1p1d", False),
     "cleave-pd-per-request": ("pd", False),
+    "cleave-pd-mock": ("pd", False),
+    "cleave-1p1d-mock": ("1p1d", False),
+    "cleave-pd-mock-zero": ("pd", False),
+    "cleave-pd-mock-h100": ("pd", False),
+}
+# Mock systems: the profile their workers run (--mock-profile; a mock worker picks the profile's
+# coefficients for its device group's cores, as a real CPU engine computes on them).
+_MOCK_PROFILES = {
+    "cleave-pd-mock": "cpu-smollm2",
+    "cleave-1p1d-mock": "cpu-smollm2",
+    "cleave-pd-mock-zero": "zero",
+    # Accelerator step times (8B on one H100): one token per stream per step, ~100 steps/s.
+    "cleave-pd-mock-h100": "h100-llama3-8b",
 }
 # Systems whose gateway opens a Generate call per request instead of sharing one GenerateMany
-# call per worker (--worker-streams; libs/gateway/shared_stream.py).
+# call per worker (--worker-streams; libs/gateway/fleet/shared_stream.py).
 _PER_REQUEST_STREAMS = frozenset({"cleave-pd-per-request"})
-# Systems whose gateway runs --disagg-policy conditional (libs/gateway/disaggregation.py).
+# Systems whose gateway runs --disagg-policy conditional (libs/gateway/serving/disaggregation.py).
 _CONDITIONAL = frozenset({"cleave-1p1d-conditional"})
 # NIXL's progress thread: Cleave's workers poll every --nixl-progress-delay-us (default 1000);
 # vLLM's NixlConnector as shipped creates its agent through nixl's Python API, which sets
@@ -287,10 +310,17 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
     port = ports()
     url = f"http://{HOST}:{port}"
     config = _gateway_config(settings, mode, port)
-    if mode == "pd":
-        # Colocated workers take the decode options: the one engine gets every core, as vLLM does.
+    if mode.endswith("pd"):
+        # Colocated workers take the decode options: one engine gets every core, as vLLM does;
+        # several split them (libs/stack/local.py colocated_groups), as prefill and decode do.
         config = replace(config, decode=replace(config.decode, device_group=tuple(sorted(settings.cores))))
-        description = f"Cleave gateway, one colocated worker on cores {core_list(settings.cores)}"
+        if mode == "pd":
+            description = f"Cleave gateway, one colocated worker on cores {core_list(settings.cores)}"
+        else:
+            groups = colocated_groups(config, tuple(sorted(settings.cores)))
+            description = f"Cleave gateway, {mode}: colocated workers on cores " + ", ".join(
+                core_list(group) for group in groups
+            )
         probes: tuple[HistogramProbe, ...] = ()
         notes = {
             _PREFILL_STAGE: _COLOCATED,
@@ -320,6 +350,11 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
             f"; conditional disaggregation (prompts of <= {config.local_prefill_max_tokens} uncached tokens,"
             " or long ones while prefill is backed up, prefill on the decode worker)"
         )
+    if name in _MOCK_PROFILES:
+        config = replace(
+            config, engine=EngineKind.MOCK, mock_profile=_MOCK_PROFILES[name], mock_startup_s=0.0
+        )
+        description += f"; every worker on the mock engine (profile {_MOCK_PROFILES[name]}, simulated)"
     if name in _PER_REQUEST_STREAMS:
         config = replace(config, worker_streams="per-request")
         description += "; a Generate call per request (--worker-streams per-request)"
@@ -329,7 +364,7 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
         # worker loads the prefix. The prefill stage's n then counts the requests not skipped.
         config = replace(config, kvstore=True)
         description += "; a kvstore (CPU tier) shares prompt-prefix KV, prefill skipped on a hit"
-    argv = (settings.python, "-m", "services.gateway.main", *render(config))
+    argv = (settings.python, "-m", ENTRY_POINTS.module(ServiceKind.GATEWAY), *render(config))
     spec = ProcessSpec(name, argv, {}, f"{url}/ready")
     return SystemPlan(
         name,
@@ -376,5 +411,5 @@ def plan_system(name: str, settings: ServingSettings, ports: PortSource) -> Syst
         return _plan_vllm_pd(settings, ports)
     if name in _CLEAVE_SYSTEMS:
         return _plan_cleave(settings, ports, name)
-    known = SYSTEMS + CALIBRATION_SYSTEMS + VARIANT_SYSTEMS
+    known = SYSTEMS + CALIBRATION_SYSTEMS + VARIANT_SYSTEMS + MOCK_SYSTEMS
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(known)}")

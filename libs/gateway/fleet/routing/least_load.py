@@ -1,0 +1,27 @@
+"""Least load: fewest requests in flight from this gateway, then the worker's own queue and
+KV usage from its last polled stats (in-flight counts are fresher than polls)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from libs.gateway.fleet.pool import Endpoint
+from libs.gateway.fleet.routing.policy import register
+
+
+@register
+class LeastLoad:
+    name = "least_load"
+
+    def pick(
+        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+    ) -> Endpoint:
+        return min(
+            candidates,
+            key=lambda e: (
+                e.admitted + e.stats.num_waiting,
+                e.stats.num_running,
+                e.stats.kv_cache_usage,
+                e.address,
+            ),
+        )

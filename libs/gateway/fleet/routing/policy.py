@@ -1,0 +1,33 @@
+"""The routing protocol and its registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from libs.gateway.fleet.pool import Endpoint
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def pick(
+        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+    ) -> Endpoint:
+        """Chooses one of `candidates` (never empty, all healthy). `cache_salt`: the request's
+        (engines reuse KV only between requests with the same salt)."""
+        ...
+
+
+POLICIES: dict[str, Callable[[], RoutingPolicy]] = {}
+
+
+def register(factory: Callable[[], RoutingPolicy]) -> Callable[[], RoutingPolicy]:
+    POLICIES[factory().name] = factory
+    return factory
+
+
+def create_policy(name: str) -> RoutingPolicy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    return POLICIES[name]()

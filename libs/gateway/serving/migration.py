@@ -1,0 +1,166 @@
+"""Request migration: when the worker generating a request fails mid-stream, the request
+continues on another decode (or colocated) worker from what it already generated, as NVIDIA
+Dynamo's frontend does (its `--migration-limit`, the same flag here).
+
+The continuation is the original Generate request with the tokens generated so far appended
+to the prompt and the token budget reduced by them (`continuation_request`). It carries no KV
+handoff: the new worker computes the longer prompt itself (or loads its stored prefix, when
+the workers use a kvstore). The pipeline keeps the sequence's detokenize stream, token count
+and logprobs across the move, so the client's stream goes on with no token repeated or
+missing, and the usage it reports keeps the original prompt's length. The new worker is
+chosen as any request's is, through admission control (libs/gateway/fleet/admission.py), among the
+decode workers (colocated ones when no decode worker is left) that have not failed this request;
+its slot is held to the request's end, and a wait for one counts against the request's deadline.
+
+What carries over, and what cannot:
+- Greedy decoding continues with the tokens the uninterrupted run would have produced (up to
+  floating point: the moved tokens' KV is computed in one prefill batch instead of one decode
+  step at a time; identical in float32 in tests/e2e/test_migration.py).
+- Random sampling continues with new draws: a seed is kept, but the continuation's random
+  stream starts over, so a seeded request is reproducible only up to where it moved.
+- vLLM's presence/frequency penalties count generated tokens only: after the move the earlier
+  ones are prompt tokens and are no longer penalized (repetition_penalty counts the prompt too
+  and is unaffected).
+- Structured output is not migrated: the new worker's grammar would start from scratch on a
+  prompt that ends mid-document, and could produce an invalid one.
+- n > 1 is not migrated: each sequence has its own generated tokens, so a continuation would be
+  one request per open sequence merged back into one stream, for a case (several samples of
+  one prompt) that is random sampling and cannot continue exactly anyway. The client gets the
+  error event, as without migration.
+- Only the worker's own failures migrate: its process or connection gone (UNAVAILABLE), the
+  stream ended without its complete message, its engine stopped (ERROR_CODE_OVERLOADED). A
+  request the worker refuses, or an internal error that may be this request's own, is not
+  retried elsewhere. Failures before the first token keep the pipeline's earlier handling
+  (a KV handoff the decode refused is prefilled again; otherwise an error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from cleave.worker.v1 import worker_pb2
+from libs.config.roles import Role
+from libs.gateway.common import metrics
+from libs.gateway.fleet.admission import Admission
+from libs.gateway.fleet.pool import Endpoint
+
+log = structlog.get_logger(__name__)
+
+# gRPC codes of a generating worker's own failure, on which the request moves. Any other code
+# after the first token (INTERNAL, DEADLINE_EXCEEDED, ...) ends the request as before.
+MIGRATING_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
+DEFAULT_LIMIT = 2
+
+
+class WorkerFailed(Exception):
+    """The generating worker's own failure after the client got tokens: the request may move."""
+
+
+class MigrationRefused(Exception):
+    """The request cannot continue elsewhere; the message says what failed and why."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    role: Role  # DECODE or BOTH: admission control picks the worker (it waits for room)
+    request: worker_pb2.GenerateRequest
+
+
+def continuation_request(
+    original: worker_pb2.GenerateRequest, generated: Sequence[int]
+) -> worker_pb2.GenerateRequest:
+    """The request that generates the rest of a single sequence: prompt + what was generated,
+    max_tokens and min_tokens less what was generated, no handoff, no prompt logprobs (the
+    client asked for the original prompt's, and the extended prompt's are not those)."""
+    request = worker_pb2.GenerateRequest()
+    request.CopyFrom(original)
+    request.ClearField("handoff")
+    request.prompt_token_ids.extend(generated)
+    sampling = request.sampling
+    if sampling.HasField("max_tokens"):
+        sampling.max_tokens -= len(generated)
+    sampling.min_tokens = max(0, sampling.min_tokens - len(generated))
+    sampling.ClearField("prompt_logprobs")
+    return request
+
+
+class Migration:
+    """One request's migrations: the tokens it generated so far, the workers that failed it,
+    and how many times it moved (at most `limit`; 0 disables migration)."""
+
+    def __init__(self, original: worker_pb2.GenerateRequest, *, limit: int, images: bool = False) -> None:
+        self._original = original
+        self._limit = limit
+        # A prompt with images whose KV came from a prefill worker: the request holds the
+        # expanded prompt and no embeddings, so another worker could not recompute it.
+        self._images = (
+            images and original.HasField("handoff") and not (original.image_embeddings or original.images)
+        )
+        self._generated: list[int] = []
+        self._failed: set[str] = set()
+        self.migrations = 0
+
+    @property
+    def moved(self) -> bool:
+        return self.migrations > 0
+
+    def record(self, index: int, token_ids: Sequence[int]) -> None:
+        """Tokens the client was sent for sequence `index` (only sequence 0 can move)."""
+        if index == 0:
+            self._generated.extend(token_ids)
+
+    @property
+    def failed(self) -> frozenset[str]:
+        """Addresses of the workers that failed this request; it does not go back to them."""
+        return frozenset(self._failed)
+
+    def plan(self, failed: Endpoint, failure: str, admission: Admission) -> Plan:
+        """The role of the worker to continue on and the continuation request, after `failed`
+        failed the request with `failure`; raises MigrationRefused (counted) when it cannot move."""
+        self._failed.add(failed.address)
+        refusal = self._refusal()
+        # Decode workers first (generating is their job); colocated ones when none is left.
+        roles = [r for r in (Role.DECODE, Role.BOTH) if admission.serviceable(r, exclude=self._failed)]
+        if refusal is None and not roles:
+            refusal = "no_worker", "no other healthy decode or colocated worker"
+        if refusal is not None:
+            reason, why = refusal
+            metrics.MIGRATIONS_REFUSED.labels(reason).inc()
+            raise MigrationRefused(f"{failure}; not continued on another worker: {why}")
+        return Plan(roles[0], continuation_request(self._original, self._generated))
+
+    def moved_to(self, endpoint: Endpoint, failure: str) -> None:
+        """The continuation was sent to `endpoint`: counted and logged."""
+        self.migrations += 1
+        metrics.MIGRATIONS.inc()
+        log.warning(
+            "continuing the request on another worker",
+            request_id=self._original.metadata.request_id,
+            failed=sorted(self._failed),
+            failure=failure,
+            to=endpoint.address,
+            generated_tokens=len(self._generated),
+            migration=self.migrations,
+        )
+
+    def _refusal(self) -> tuple[str, str] | None:
+        """(metric label, reason) when the request cannot move at all."""
+        sampling = self._original.sampling
+        if self._limit == 0:
+            return "disabled", "migration is disabled (--migration-limit 0)"
+        if self.migrations >= self._limit:
+            return "limit", f"it already moved {self.migrations} time(s) (--migration-limit {self._limit})"
+        if (sampling.n or 1) > 1:
+            return "n", "requests with n > 1 are not migrated"
+        if sampling.structured_output.WhichOneof("kind") is not None:
+            return "structured_output", "requests with structured output are not migrated"
+        if self._images:
+            return "images", "requests with images prefilled elsewhere are not migrated"
+        if sampling.HasField("max_tokens") and len(self._generated) >= sampling.max_tokens:
+            # The worker sent every token but not the finish: nothing is left to generate.
+            return "nothing_left", "all max_tokens were generated but the sequence never finished"
+        return None
