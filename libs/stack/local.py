@@ -89,6 +89,39 @@ def with_default_groups(config: StackConfig, cores: tuple[int, ...]) -> StackCon
     )
 
 
+def confine_draft(config: StackConfig) -> StackConfig:
+    """The decode's draft model off the prefill worker's cores. On CPU the draft computes
+    inside the decode engine, whose OpenMP team takes in the draft's device_group
+    (libs/worker/engine_args.py); qaic_disagg's documented command gives the draft device 0,
+    one of its prefill devices. A team spanning a core another engine computes on waits at
+    every barrier for its thread there: measured on 2 cores under load, the first 40-token
+    draft-model request took 78 s instead of 4 s, and the prefill worker, starved on its
+    own core, stopped answering the gateway's polls. Those cores are dropped from the
+    draft's group (--allow-device-overlap keeps them)."""
+    text = config.decode.speculative_config
+    if not text or config.allow_device_overlap or not config.prefill.device_group:
+        return config
+    spec = parse_speculative_config(text)
+    shared = sorted(set(spec.draft_device_group) & set(config.prefill.device_group))
+    if not shared or spec.draft_override_qaic_config is None:
+        return config
+    kept = [core for core in spec.draft_device_group if core not in shared]
+    overrides = {
+        key: value for key, value in spec.draft_override_qaic_config.items() if key != "device_group"
+    }
+    if kept:
+        overrides["device_group"] = kept
+    log.warning(
+        "the draft model's device_group shares cores with the prefill worker; on CPU the draft "
+        "computes on the decode worker's cores instead",
+        draft_device_group=list(spec.draft_device_group),
+        prefill_device_group=list(config.prefill.device_group),
+        dropped=shared,
+    )
+    confined = replace(spec, draft_device_group=tuple(kept), draft_override_qaic_config=overrides)
+    return replace(config, decode=replace(config.decode, speculative_config=confined.to_json()))
+
+
 def colocated_groups(config: StackConfig, cores: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Device groups of the colocated workers: one worker keeps its --decode-device-group (or
     none: every core it may use); several split that group, or the usable cores, into equal
@@ -222,7 +255,7 @@ async def launch(
     tokenizer = tokenizer_config(config, security)
     stack.start("tokenizer", "tokenizer", entry_points.module(ServiceKind.TOKENIZER), tokenizer)
     kvstore_address = _start_kvstore(config, stack, entry_points, security)
-    config = with_default_groups(config, usable_cores())
+    config = confine_draft(with_default_groups(config, usable_cores()))
     topology = config.mode
     # (name prefix, role, how many, options): colocated workers take the decode options.
     launches = [

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -21,7 +23,7 @@ from libs.models.resolve import resolve_model
 from libs.rpc.channel import open_blocking_channel, open_channel
 from libs.rpc.security import RpcSecurity
 from libs.worker.config import WorkerConfig
-from tests.e2e.harness import Service, rss_mib, start
+from tests.e2e.harness import Service, log_dir, rss_mib, start
 
 # Shared with `bazel run` on the same machine, so SmolLM2 is converted once per machine.
 MODEL_CACHE = Path.home() / ".cache" / "cleave" / "models"
@@ -71,10 +73,12 @@ def start_gateway_stack(
              "--cache-dir", str(cache_dir), "--grpc-token-file", str(stack_token_file(cache_dir)),
              *extra]  # fmt: skip
     service = start("gateway", "services.gateway.main", parse(GatewayConfig, flags))
+    _STACK_LOGS[service.process.pid] = cache_dir / "logs"
     try:
         base_url = service.wait_http_ready(900)
     except BaseException:
         _stop_tree(service)
+        _keep_logs(service)
         raise
     print(
         f"local {mode} stack ready after {service.ready_after_s:.1f} s, RSS {rss_mib(service):.0f} MiB (all processes)"
@@ -97,8 +101,35 @@ def start_mock_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Service, 
 def stop_gateway_stack(service: Service) -> None:
     """SIGTERM the gateway; every process of its local stack must be gone afterwards."""
     alive = _stop_tree(service)
+    _keep_logs(service)
     assert service.process.returncode == 0, f"gateway exited with {service.process.returncode}"
     assert not alive, f"the gateway left {len(alive)} processes of its stack running: {alive}"
+
+
+# Each local stack's own log folder (the gateway writes its children's logs there).
+_STACK_LOGS: dict[int, Path] = {}
+# What is worth reading first when a stack misbehaved: Python's and vLLM's errors and warnings.
+_PROBLEM = re.compile(r"Traceback|\[(error|warning|critical)|\b(ERROR|WARNING|CRITICAL)\b|Error:")
+_PROBLEM_LINES = 25
+
+
+def _keep_logs(service: Service) -> None:
+    """Copies the stack's logs into the test's outputs (one folder per stack: the gateway's
+    own log is overwritten by the next stack's) and prints each log's problem lines, which
+    pytest shows with a failure: CI prints only its output, never the outputs' files."""
+    folder = _STACK_LOGS.pop(service.process.pid, None)
+    if folder is None or not folder.is_dir():
+        return
+    kept = log_dir() / folder.parent.name
+    shutil.copytree(folder, kept, dirs_exist_ok=True)
+    with contextlib.suppress(OSError):
+        shutil.copy(service.running.log_path, kept / "gateway.log")
+    for log_file in sorted(kept.glob("*.log")):
+        lines = log_file.read_text(errors="replace").splitlines()
+        problems = [line[:300] for line in lines if _PROBLEM.search(line)]
+        if problems:
+            print(f"--- {log_file.name}: {len(problems)} problem lines (last {_PROBLEM_LINES}) ---")
+            print("\n".join(problems[-_PROBLEM_LINES:]))
 
 
 def _stop_tree(service: Service) -> list[psutil.Process]:

@@ -63,10 +63,12 @@ class Prefill:
             images=spec.images,
         )
         tried: set[str] = set()
+        failure: grpc.aio.AioRpcError | None = None
         for attempt in range(self._attempts):
             if not self._admission.serviceable(Role.PREFILL, exclude=tried):
                 break
             if attempt > 0:
+                metrics.RETRIES.labels("prefill").inc()
                 await life.to(Phase.PREFILLING, why="retry on another prefill worker")
             admitted = self._admission.admit(
                 Role.PREFILL, picker(self._policy, spec), exclude=frozenset(tried), deadline=spec.deadline
@@ -83,14 +85,20 @@ class Prefill:
                         raise api_error(error) from error
                     if error.code() in _EJECTING:
                         self._pool.request_failed(endpoint, f"prefill failed: {error.code().name}")
-                    metrics.RETRIES.labels("prefill").inc()
+                    failure = error
                     log.warning(
-                        "prefill failed; retrying elsewhere", address=endpoint.address, attempt=attempt
+                        "prefill failed",
+                        address=endpoint.address,
+                        attempt=attempt,
+                        code=error.code().name,
+                        details=error.details(),
                     )
                     continue
                 self._pool.request_succeeded(endpoint)
             return _prefilled(spec, response)
-        raise errors.no_workers(Role.PREFILL)
+        # No worker left to try: the client hears why the last one failed, not that none was
+        # healthy (the only prefill worker failing this request says nothing of the others).
+        raise errors.no_workers(Role.PREFILL) if failure is None else api_error(failure)
 
 
 def _prefilled(spec: GenerationSpec, response: worker_pb2.PrefillResponse) -> Prefilled:

@@ -10,6 +10,7 @@ from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.stack.config import StackConfig
 from libs.stack.local import (
     colocated_groups,
+    confine_draft,
     kvstore_config,
     split_cores,
     tokenizer_config,
@@ -19,7 +20,8 @@ from libs.stack.local import (
 )
 from libs.tokenization.server_config import TokenizerServerConfig
 from libs.worker.config import WorkerConfig
-from libs.worker.engine_args import engine_environment
+from libs.worker.engine_args import draft_cpu_cores, engine_environment
+from libs.worker.speculative import parse_speculative_config
 
 
 def test_role_flags_reach_that_roles_workers_only() -> None:
@@ -58,6 +60,39 @@ def test_a_draft_model_goes_to_prefill_too_an_ngram_config_does_not() -> None:
         StackConfig, ["--decode-speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}']
     )
     assert worker_config(ngram, Role.PREFILL, ngram.prefill, 0, None).speculative_config is None
+
+
+def test_the_draft_leaves_the_prefill_workers_cores() -> None:
+    # qaic_disagg's draft-model command gives the draft device 0, a prefill device; on CPU
+    # the decode engine's team would then straddle the prefill's core (test_speculative:
+    # the first request took 78 s instead of 4 s under load, and prefill stopped answering).
+    draft = (
+        '{"speculative_model": "smollm2", "num_speculative_tokens": 3,'
+        ' "draft_override_qaic_config": {"device_group": [0, 3], "num_cores": 6}}'
+    )
+    args = [
+        "--prefill-device-group",
+        "0,1",
+        "--decode-device-group",
+        "2",
+        "--decode-speculative-config",
+        draft,
+    ]
+    config = confine_draft(parse(StackConfig, args))
+    decode = parse(WorkerConfig, render(worker_config(config, Role.DECODE, config.decode, 0, None)))
+    assert draft_cpu_cores(decode) == (3,)
+    spec = parse_speculative_config(config.decode.speculative_config or "")
+    assert spec.draft_override_qaic_config == {"device_group": [3], "num_cores": 6}
+    # Only the shared cores go; all of them: the key goes, the other overrides stay.
+    alone = confine_draft(
+        parse(StackConfig, [*args[:4], "--decode-speculative-config", draft.replace("0, 3", "0")])
+    )
+    assert parse_speculative_config(alone.decode.speculative_config or "").draft_override_qaic_config == {
+        "num_cores": 6
+    }
+    # Asked for: kept as written.
+    overlap = parse(StackConfig, [*args, "--allow-device-overlap"])
+    assert confine_draft(overlap) == overlap
 
 
 def test_the_local_kvstore_gets_its_tiers_and_auth_key_file() -> None:

@@ -211,6 +211,27 @@ async def test_an_unavailable_worker_is_ejected_and_the_request_goes_elsewhere(s
     assert healthy(pool) == {"prefill": 1, "decode": 1}
 
 
+async def test_the_only_prefill_worker_failing_answers_its_failure_not_no_healthy_worker(
+    stack: Stack,
+) -> None:
+    # A CI run answered "no healthy prefill worker is available" for a request the only
+    # prefill worker had failed: the client (and the operator reading it) learnt nothing.
+    only = ScriptedWorker()
+    pipeline, pool = await stack.pipeline({"prefill": [only], "decode": [ScriptedWorker()]})
+    only.prefill_status = (grpc.StatusCode.INTERNAL, "internal error in the worker service")
+    with pytest.raises(errors.ApiError) as raised:
+        await run(pipeline, spec())
+    assert (raised.value.status, raised.value.message) == (
+        500,
+        "worker error: internal error in the worker service",
+    )
+    assert only.prefills == 1 and healthy(pool) == {"prefill": 1, "decode": 1}
+    only.prefill_status = (grpc.StatusCode.UNAVAILABLE, "the engine died")
+    with pytest.raises(errors.ApiError) as raised:
+        await run(pipeline, spec())
+    assert raised.value.status == 503 and raised.value.code != "no_healthy_workers"
+
+
 async def test_an_unavailable_workers_transport_details_stay_out_of_the_clients_error(stack: Stack) -> None:
     # gRPC's UNAVAILABLE details name the peer's internal address (found on a compose stack:
     # "ipv4:172.28.15.5:50060: Connection refused" reached the client).
