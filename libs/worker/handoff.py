@@ -66,9 +66,10 @@ def handoff_from_params(
 
 
 def params_from_handoff(handoff: worker_pb2.KvHandoff) -> dict[str, Any]:
-    """What a decode request must carry for vLLM to pull the KV instead of computing it."""
+    """What a decode request must carry for vLLM to pull the KV instead of computing it
+    (InvalidRequest: a transport this worker does not speak)."""
     if handoff.transport != NIXL:
-        raise ValueError(f"unsupported KV transport {handoff.transport!r}; this worker speaks {NIXL!r}")
+        raise InvalidRequest(f"unsupported KV transport {handoff.transport!r}; this worker speaks {NIXL!r}")
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -132,6 +133,21 @@ def _in_trusted_network(host: str, trusted: frozenset[str]) -> bool:
     except ValueError:
         return False  # a name matches only as written
     return any(address in ipaddress.ip_network(entry, strict=False) for entry in trusted if "/" in entry)
+
+
+def check_arrival(handoff: worker_pb2.KvHandoff, now_s: float) -> None:
+    """Raises KvTransferFailed when the engine's first output for a handed-over prompt came
+    after the lease ended. The pull precedes that output, so it may have read blocks the
+    prefill engine had already freed (vLLM's prefill side then logs "potentially invalid KV
+    blocks ... retrieved by a decode worker"; the decode side says nothing). Seen when the
+    decode engine was too busy to pull within the lease (the first request through a draft
+    model straddling a prefill core took 34 s against a 30 s lease). A first output in time
+    means the pull was too; later ones need no check."""
+    if now_s * 1000 >= handoff.lease_expires_unix_ms:
+        raise KvTransferFailed(
+            f"the handed-over KV arrived {now_s - handoff.lease_expires_unix_ms / 1000:.1f}s after its "
+            "lease expired (the prefill worker may have reused the blocks); prefill again"
+        )
 
 
 def check_lease(handoff: worker_pb2.KvHandoff, now_s: float) -> None:

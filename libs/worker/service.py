@@ -24,6 +24,7 @@ from libs.worker.engine import Engine, EngineStep, TokenLogprob
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import (
     PREFILL_PARAMS,
+    check_arrival,
     check_lease,
     check_peer,
     handoff_from_params,
@@ -163,6 +164,7 @@ class WorkerService:
             cache_salt=request.metadata.cache_salt,
             image_embeddings=embeddings,
             images=images,
+            handoff=request.handoff if kv_params is not None else None,
         ):
             last = step
             if step.prompt_token_ids is not None:
@@ -218,20 +220,14 @@ class WorkerService:
         check_layout(self._layout, request.handoff.layout)
         check_lease(request.handoff, self._clock())
         await self._check_peer(request.handoff)
-        try:
-            return params_from_handoff(request.handoff)
-        except ValueError as error:
-            raise InvalidRequest(str(error)) from error
+        return params_from_handoff(request.handoff)
 
     # -- leases ------------------------------------------------------------------------------
     async def release_kv(self, request: worker_pb2.ReleaseKvRequest) -> None:
         if self._config.role is not Role.DECODE:
             raise WrongRole("ReleaseKv is served by decode workers (they own the KV connector's channel)")
         await self._check_peer(request.handoff)
-        try:
-            params = params_from_handoff(request.handoff)
-        except ValueError as error:
-            raise InvalidRequest(str(error)) from error
+        params = params_from_handoff(request.handoff)
         await self._engine.release_handoff(request.request_id or uuid.uuid4().hex, params)
 
     async def _check_peer(self, handoff: worker_pb2.KvHandoff) -> None:
@@ -316,9 +312,11 @@ class WorkerService:
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        handoff: worker_pb2.KvHandoff | None = None,
     ) -> AsyncIterator[EngineStep]:
-        """Streams engine steps; if the caller goes away (cancellation), aborts the request.
-        While draining, refuses new requests and ends handed-off ones (drain.py)."""
+        """Streams engine steps; aborts the request if the caller goes away. While draining,
+        refuses new requests and ends handed-off ones (drain.py). KV that came by `handoff`
+        must have arrived within its lease (check_arrival)."""
         self._drain.check_accepting()
         if request_id in self._active:
             raise InvalidRequest(f"request id {request_id!r} is already running on this worker")
@@ -335,6 +333,9 @@ class WorkerService:
                 **({"images": images} if images else {}),
             ):
                 self._drain.check_running(request_id)
+                if handoff is not None:
+                    check_arrival(handoff, self._clock())
+                    handoff = None
                 finished = step.finished
                 yield step
         finally:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from libs.worker.errors import InvalidRequest
 from libs.worker.handoff import handoff_from_params, params_from_handoff
 
 # What vLLM 0.32's NixlConnector put in a prefill output's kv_transfer_params (measured).
@@ -48,7 +49,7 @@ def test_missing_keys_and_unknown_transport_are_errors() -> None:
         )
     handoff = handoff_from_params(PREFILL_OUTPUT, lease_expires_unix_ms=0, worker_address="")
     handoff.transport = "mooncake"
-    with pytest.raises(ValueError, match="unsupported KV transport 'mooncake'"):
+    with pytest.raises(InvalidRequest, match="unsupported KV transport 'mooncake'"):
         params_from_handoff(handoff)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.worker.config import WorkerConfig
+from libs.worker.engine import EngineStep
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import UntrustedPeer
 from libs.worker.service import WorkerService, WrongRole
@@ -212,6 +214,36 @@ async def test_expired_handoff_is_refused_not_pulled() -> None:
             decode, worker_pb2.GenerateRequest(metadata=meta("x"), prompt_token_ids=[1, 2], handoff=handoff)
         )
     assert engine.calls == []
+
+
+class SlowPull(FakeEngine):
+    """An engine whose first output comes after the handoff's lease ended (a busy decode)."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[EngineStep]:
+        self.clock.now += 31
+        async for step in super().generate(*args, **kwargs):
+            yield step
+
+
+async def test_kv_that_arrives_after_its_lease_is_refused_and_the_request_aborted() -> None:
+    clock = Clock()
+    prefill, _ = make(Role.PREFILL, clock=clock)
+    handoff = (
+        await prefill.prefill(worker_pb2.PrefillRequest(metadata=meta("y"), prompt_token_ids=[1, 2]))
+    ).handoff
+    engine = SlowPull(clock)
+    decode, _ = make(Role.DECODE, engine=engine, clock=clock)
+    request = worker_pb2.GenerateRequest(metadata=meta("y"), prompt_token_ids=[1, 2], handoff=handoff)
+    streamed: list[worker_pb2.GenerateResponse] = []
+    with pytest.raises(KvTransferFailed, match=r"arrived 1\.0s after its lease expired"):
+        async for response in decode.generate(request):
+            streamed.append(response)
+    assert streamed == [], streamed
+    assert engine.aborted == ["y"], engine.aborted
 
 
 async def prefilled_handoff() -> worker_pb2.KvHandoff:
