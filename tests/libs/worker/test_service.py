@@ -239,11 +239,15 @@ async def test_kv_that_arrives_after_its_lease_is_refused_and_the_request_aborte
     decode, _ = make(Role.DECODE, engine=engine, clock=clock)
     request = worker_pb2.GenerateRequest(metadata=meta("y"), prompt_token_ids=[1, 2], handoff=handoff)
     streamed: list[worker_pb2.GenerateResponse] = []
-    with pytest.raises(KvTransferFailed, match=r"arrived 1\.0s after its lease expired"):
+
+    async def stream() -> None:
         async for response in decode.generate(request):
             streamed.append(response)
-    assert streamed == [], streamed
-    assert engine.aborted == ["y"], engine.aborted
+
+    with pytest.raises(KvTransferFailed, match=r"arrived 1\.0s after its lease expired"):
+        await stream()
+    assert streamed == []
+    assert engine.aborted == ["y"]
 
 
 async def prefilled_handoff() -> worker_pb2.KvHandoff:
