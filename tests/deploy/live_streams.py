@@ -125,7 +125,9 @@ def drain_streams_check(stack: Stack, args: argparse.Namespace, leaving: str) ->
     model = stack.get_json("/v1/models")["data"][0]["id"]
     grace = 60.0
     with ThreadPoolExecutor(8) as pool:
-        streams = start_streams(pool, stack.base, model, 8, max_tokens=48)
+        # Long enough that text streams still run once the last of the 8 has started (the one
+        # prefill worker takes them in turn): at 48 tokens a run found 1 of 8 left to drain.
+        streams = start_streams(pool, stack.base, model, 8, max_tokens=160)
         deadline = time.monotonic() + args.request_timeout
         while min(s.tokens for s, _ in streams) < 3:
             if time.monotonic() > deadline:
