@@ -1,9 +1,11 @@
-"""The Engine protocol on vLLM's in-process AsyncLLM (token ids in, token ids out)."""
+"""The Engine protocol on vLLM's engine core (token ids in, token ids out)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from copy import copy
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -13,23 +15,26 @@ from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
+from vllm.logger import configure_logging_if_needed
+from vllm.renderers import renderer_from_config
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.transformers_utils.config import maybe_register_config_serialize_by_value
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.input_processor import InputProcessor
+from vllm.v1.engine.parallel_sampling import ParentRequest
+from vllm.v1.executor import Executor
+from vllm.v1.metrics.loggers import StatLoggerManager, load_stat_logger_plugin_factories
+from vllm.v1.metrics.prometheus import shutdown_prometheus
 
 from libs.kvconnector.vllm_connector import register as register_kvstore_connector
 from libs.kvlayout.from_vllm import engine_kv_facts
-from libs.worker.engine import (
-    EngineInfo,
-    EngineStats,
-    EngineStep,
-    SchedulerLimits,
-    SequenceDelta,
-    TokenLogprob,
-    TopLogprob,
-)
+from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLimits, SequenceDelta
 from libs.worker.errors import EngineUnavailable, InvalidRequest
 from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
+from libs.worker.vllm_outputs import OutputRouter, RequestStream
 from libs.worker.vllm_stats import CapturingStatLogger
 
 log = structlog.get_logger(__name__)
@@ -38,10 +43,21 @@ ENGINE_STOP_S = 1.0
 
 
 class VllmEngine:
-    def __init__(self, engine: AsyncLLM, stats: CapturingStatLogger, info: EngineInfo) -> None:
-        self._engine = engine
+    """vLLM's engine core, its input processing and its stat loggers, wired without AsyncLLM
+    (vllm_outputs.py says why): the engine-core client runs EngineCore in its own process, as
+    AsyncLLM's does; `OutputRouter` reads its outputs, one message per engine step."""
+
+    def __init__(self, parts: _Parts, stats: CapturingStatLogger, info: EngineInfo) -> None:
+        self._parts = parts
+        self._client = parts.client
+        self._inputs = parts.input_processor
+        self._router = OutputRouter(parts.client, parts.loggers, parts.renderer)
         self._stats = stats
         self._info = info
+        self._supported_tasks: tuple[Any, ...] | None = None
+        # Each running request's stream and vLLM request ids, by the worker's request id.
+        self._running: dict[str, tuple[RequestStream, list[str]]] = {}
+        self._model_config = parts.vllm_config.model_config
 
     @classmethod
     def start(cls, engine_kwargs: dict[str, Any]) -> VllmEngine:
@@ -52,12 +68,11 @@ class VllmEngine:
             from libs.worker import vllm_mm_embeds
 
             vllm_mm_embeds.install()  # Idefics3's prompt expansion for embeddings (vLLM's gap)
-        args = engine_args(engine_kwargs)
-        engine = AsyncLLM.from_engine_args(args, stat_loggers=[CapturingStatLogger])
+        parts = _Parts.start(engine_args(engine_kwargs))
         stats = CapturingStatLogger.latest
         if stats is None:
             raise RuntimeError("vLLM did not create Cleave's stat logger")
-        return cls(engine, stats, _engine_info(engine))
+        return cls(parts, stats, _engine_info(parts.vllm_config))
 
     @property
     def info(self) -> EngineInfo:
@@ -74,30 +89,9 @@ class VllmEngine:
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
     ) -> AsyncIterator[EngineStep]:
-        sampling = dict(sampling)
-        bad_words = sampling.pop(BAD_WORDS_TOKEN_IDS, None)
-        # The client's vllm_xargs, plus the handoff (vLLM's own OpenAI server merges them alike).
-        extra_args = dict(sampling.pop("extra_args", None) or {})
-        if kv_transfer_params:
-            extra_args["kv_transfer_params"] = kv_transfer_params
-        # vLLM's request checks raise VLLMClientError (VLLMValidationError), which is not a
-        # ValueError; SamplingParams itself may still raise ValueError/TypeError. All of them
-        # are the client's mistake, never the worker's.
-        try:
-            if sampling.get("structured_outputs") is not None:
-                sampling = {
-                    **sampling,
-                    "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"]),
-                }
-            params = SamplingParams(
-                output_kind=RequestOutputKind.DELTA, extra_args=extra_args or None, **sampling
-            )
-        except (ValueError, TypeError, VLLMClientError) as error:
-            raise InvalidRequest(str(error)) from error
-        if bad_words:
-            # What SamplingParams.update_from_tokenizer would set from `bad_words`.
-            params._bad_words_token_ids = bad_words
-        first = True
+        if self.dead:
+            raise EngineUnavailable("the engine died; this worker cannot serve until restarted")
+        params = _sampling_params(sampling, kv_transfer_params)
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
         if cache_salt:
             prompt["cache_salt"] = cache_salt  # vLLM folds it into the first block's hash
@@ -108,40 +102,192 @@ class VllmEngine:
         elif images:
             # PIL images: vLLM's own processor and vision tower (its in-engine path).
             prompt["multi_modal_data"] = {"image": list(images)}
+        requests, parent = await self._requests(request_id, prompt, params)
+        first = requests[0]
+        stream = RequestStream(
+            prompt_len=len(first.prompt_token_ids or ()),
+            num_sequences=len(requests),
+            remote_cached_tokens=_remote_cached_tokens(kv_transfer_params),
+            expanded_prompt=tuple(first.prompt_token_ids or ()) if (image_embeddings or images) else None,
+        )
+        ids = [request.request_id for request in requests]
+        self._router.add(stream, requests, parent, external_id=request_id)
+        self._running[request_id] = (stream, ids)
+        finished = False
         try:
-            async for output in self._engine.generate(prompt, params, request_id):
-                step = _to_step(output, include_prompt_logprobs=first)
-                if first and (image_embeddings or images):
-                    step = replace(step, prompt_token_ids=tuple(output.prompt_token_ids or ()))
-                yield step
-                first = False
-        except VLLMClientError as error:  # input processing refused the request
+            for request in requests:
+                await self._client.add_request_async(request)
+            while not finished:
+                await stream.wait()
+                if stream.error is not None and not stream.pending:
+                    raise _failure(stream.error)
+                for step in stream.take():
+                    finished = step.finished
+                    yield step
+        finally:
+            self._running.pop(request_id, None)
+            running = self._router.forget(ids)
+            if running and not self._client.resources.engine_dead:
+                # The reader left early (cancelled, closed, or failed): vLLM frees the KV.
+                await self._client.abort_requests_async(running)
+
+    async def _requests(
+        self, request_id: str, prompt: TokensPrompt, params: SamplingParams
+    ) -> tuple[list[Any], ParentRequest | None]:
+        """vLLM's input processing, then its fan-out of n > 1 into one request per sequence
+        (as AsyncLLM.add_request does: ParentRequest names them and sets their seeds)."""
+        if self._supported_tasks is None:
+            self._supported_tasks = await self._client.get_supported_tasks_async()
+        try:
+            request = await self._inputs.process_inputs_async(
+                request_id, prompt, params, supported_tasks=self._supported_tasks
+            )
+        except (ValueError, TypeError, VLLMClientError) as error:  # the client's mistake
             raise InvalidRequest(str(error)) from error
-        except EngineDeadError as error:
-            raise EngineUnavailable("the engine died; this worker cannot serve until restarted") from error
+        self._inputs.assign_request_id(request)  # vLLM's unique internal id
+        n = request.sampling_params.n
+        if n == 1:
+            return [request], None
+        parent = ParentRequest(request)
+        children = []
+        for index in range(n):
+            child_id, child_params = parent.get_child_info(index)
+            child = request if index == n - 1 else copy(request)
+            child.request_id = child_id
+            child.sampling_params = child_params
+            children.append(child)
+        return children, parent
 
     async def abort(self, request_id: str) -> None:
-        await self._engine.abort(request_id)
+        """Ends a running request's stream with "abort" (its reader sees the end) and frees
+        its KV in the engine. A reader that stops reading aborts its request itself."""
+        entry = self._running.pop(request_id, None)
+        if entry is None:
+            return
+        stream, ids = entry
+        running = self._router.forget(ids)
+        stream.put(
+            EngineStep(
+                sequences=(SequenceDelta(index=0, token_ids=(), finish_reason="abort"),),
+                finished=True,
+                num_prompt_tokens=stream.prompt_len,
+                num_cached_tokens=stream.num_cached_tokens,
+            )
+        )
+        if running and not self._client.resources.engine_dead:
+            await self._client.abort_requests_async(running)
 
     async def release_handoff(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
-        # vLLM submits a pre-aborted request whose connector hook notifies the prefill engine.
-        await self._engine.notify_kv_transfer_request_rejected(request_id, kv_transfer_params)
+        # A pre-aborted request whose connector hook tells the prefill engine to free the KV
+        # (what AsyncLLM.notify_kv_transfer_request_rejected submits).
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=[0],
+            mm_features=None,
+            sampling_params=SamplingParams(
+                max_tokens=1, extra_args={"kv_transfer_params": dict(kv_transfer_params)}, watermarking=False
+            ),
+            pooling_params=None,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+            abort_immediately=True,
+        )
+        await self._client.add_request_async(request)
 
     def stats(self) -> EngineStats:
         return self._stats.stats
 
     @property
     def dead(self) -> bool:
-        # vLLM's engine-core monitor thread sets this within a second of the EngineCore
-        # process exiting; every request then fails with EngineDeadError.
-        return self._engine.errored
+        # vLLM's engine-core monitor thread sets engine_dead within a second of the EngineCore
+        # process exiting; the router stops when the output stream fails.
+        return bool(self._client.resources.engine_dead) or self._router.stopped
 
     async def shutdown(self) -> None:
         # Called once the worker has drained: nothing runs in the engine. vLLM's default is to
         # wait 5 s for EngineCore to exit, and it never did here (it waits on its own worker
         # process, which hangs after "terminating worker queues"), so every stop ended in
         # vLLM's force kill 5 s later. A second reaches the same end sooner.
-        self._engine.shutdown(timeout=ENGINE_STOP_S)
+        self._router.stop()
+        self._parts.shutdown(timeout=ENGINE_STOP_S)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What AsyncLLM.__init__ builds, minus its output processor."""
+
+    vllm_config: Any
+    renderer: Any
+    input_processor: InputProcessor
+    client: Any  # vLLM's AsyncMPClient
+    loggers: StatLoggerManager
+
+    @classmethod
+    def start(cls, args: AsyncEngineArgs) -> _Parts:
+        vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        configure_logging_if_needed(vllm_config.logging_config)
+        maybe_register_config_serialize_by_value()
+        renderer = renderer_from_config(vllm_config)
+        input_processor = InputProcessor(vllm_config, renderer)
+        client = EngineCoreClient.make_async_mp_client(
+            vllm_config=vllm_config,
+            executor_class=Executor.get_class(vllm_config),
+            log_stats=True,
+            renderer=renderer,
+        )
+        loggers = StatLoggerManager(
+            vllm_config=vllm_config,
+            engine_idxs=client.engine_ranks_managed,
+            custom_stat_loggers=[CapturingStatLogger, *load_stat_logger_plugin_factories()],
+            enable_default_loggers=True,
+        )
+        loggers.log_engine_initialized()
+        return cls(vllm_config, renderer, input_processor, client, loggers)
+
+    def shutdown(self, timeout: float) -> None:
+        shutdown_prometheus()
+        self.renderer.shutdown()
+        self.client.shutdown(timeout=timeout)
+
+
+def _sampling_params(sampling: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> SamplingParams:
+    sampling = dict(sampling)
+    bad_words = sampling.pop(BAD_WORDS_TOKEN_IDS, None)
+    # The client's vllm_xargs, plus the handoff (vLLM's own OpenAI server merges them alike).
+    extra_args = dict(sampling.pop("extra_args", None) or {})
+    if kv_transfer_params:
+        extra_args["kv_transfer_params"] = kv_transfer_params
+    # vLLM's request checks raise VLLMClientError (VLLMValidationError), which is not a
+    # ValueError; SamplingParams itself may still raise ValueError/TypeError. All of them
+    # are the client's mistake, never the worker's.
+    try:
+        if sampling.get("structured_outputs") is not None:
+            sampling = {**sampling, "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"])}
+        params = SamplingParams(output_kind=RequestOutputKind.DELTA, extra_args=extra_args or None, **sampling)
+    except (ValueError, TypeError, VLLMClientError) as error:
+        raise InvalidRequest(str(error)) from error
+    if bad_words:
+        # What SamplingParams.update_from_tokenizer would set from `bad_words`.
+        params._bad_words_token_ids = bad_words
+    return params
+
+
+def _remote_cached_tokens(kv_transfer_params: dict[str, Any] | None) -> int | None:
+    """On a decode worker, the prefill's cached prompt tokens count as this request's (vLLM's
+    output processor reports them so)."""
+    if kv_transfer_params and kv_transfer_params.get("do_remote_prefill"):
+        cached = kv_transfer_params.get("remote_prefill_cached_tokens")
+        if isinstance(cached, int):
+            return cached
+    return None
+
+
+def _failure(error: BaseException) -> Exception:
+    if isinstance(error, EngineDeadError):
+        return EngineUnavailable("the engine died; this worker cannot serve until restarted")
+    return EngineUnavailable(f"the engine's output stream failed: {error!r}")
 
 
 def engine_args(engine_kwargs: dict[str, Any]) -> AsyncEngineArgs:
@@ -152,52 +298,7 @@ def engine_args(engine_kwargs: dict[str, Any]) -> AsyncEngineArgs:
     return AsyncEngineArgs(**engine_kwargs)
 
 
-def _to_step(output: Any, *, include_prompt_logprobs: bool) -> EngineStep:
-    sequences = tuple(
-        SequenceDelta(
-            index=completion.index,
-            token_ids=tuple(completion.token_ids),
-            logprobs=_logprobs(completion.token_ids, completion.logprobs),
-            finish_reason=completion.finish_reason,
-            stop_token_id=completion.stop_reason if isinstance(completion.stop_reason, int) else None,
-        )
-        for completion in output.outputs
-    )
-    prompt_logprobs = None
-    if include_prompt_logprobs and output.prompt_logprobs is not None:
-        prompt_logprobs = tuple(
-            None if entry is None else _one_logprob(token, entry)
-            for token, entry in zip(output.prompt_token_ids, output.prompt_logprobs, strict=False)
-        )
-    return EngineStep(
-        sequences=sequences,
-        finished=output.finished,
-        num_prompt_tokens=len(output.prompt_token_ids or ()),
-        num_cached_tokens=output.num_cached_tokens or 0,
-        kv_transfer_params=output.kv_transfer_params,
-        prompt_logprobs=prompt_logprobs,
-    )
-
-
-def _logprobs(token_ids: Sequence[int], entries: Any) -> tuple[TokenLogprob, ...]:
-    if entries is None:
-        return ()
-    return tuple(_one_logprob(token, entry) for token, entry in zip(token_ids, entries, strict=False))
-
-
-def _one_logprob(token_id: int, entry: dict[int, Any]) -> TokenLogprob:
-    chosen = entry[token_id]
-    top = sorted(
-        (TopLogprob(token_id=t, logprob=float(lp.logprob), rank=int(lp.rank)) for t, lp in entry.items()),
-        key=lambda item: item.rank,
-    )
-    return TokenLogprob(
-        token_id=token_id, logprob=float(chosen.logprob), rank=int(chosen.rank), top=tuple(top)
-    )
-
-
-def _engine_info(engine: AsyncLLM) -> EngineInfo:
-    config = engine.vllm_config
+def _engine_info(config: Any) -> EngineInfo:
     model_config = config.model_config
     kv_transfer = config.kv_transfer_config
     return EngineInfo(

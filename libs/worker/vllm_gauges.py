@@ -3,7 +3,7 @@
 vLLM's labels (`model_name`, `engine`), read from the engine's stats at each scrape.
 
 A vLLM worker needs none of this: vLLM's own Prometheus stat logger runs in the worker's
-process (AsyncLLM adds it beside Cleave's stat logger, libs/worker/vllm_stats.py) and registers
+process (vllm_engine.py adds it beside Cleave's stat logger, libs/worker/vllm_stats.py) and registers
 every `vllm:*` metric in the registry the worker's --metrics-port serves. A mock worker exports
 the gauges autoscalers and inference gateways read, so a fleet of them scales like real ones.
 """

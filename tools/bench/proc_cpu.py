@@ -22,7 +22,7 @@ _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # else is the serving layer around it, which is what the comparison weighs.
 GATEWAY = "gateway"
 TOKENIZER = "tokenizer"
-WORKER = "worker"  # Cleave's worker process: gRPC, the request logic and vLLM's AsyncLLM client
+WORKER = "worker"  # Cleave's worker process: gRPC, the request logic and vLLM's engine-core client
 KVSTORE = "kvstore"
 API_SERVER = "api-server"  # vLLM's OpenAI server process (HTTP, AsyncLLM client, detokenizer)
 PROXY = "proxy"

@@ -5,7 +5,6 @@ mistake (InvalidRequest -> INVALID_ARGUMENT -> 400), never an engine failure."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,35 +25,54 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class _AsyncLLM:
-    """Records the SamplingParams it is given; refuses them as vLLM's input processor would."""
+class _Inputs:
+    """vLLM's input processor's place: records the SamplingParams it is given, and refuses
+    them as vLLM's would."""
 
     def __init__(self, refuse: str | None = None) -> None:
         self.refuse = refuse
         self.params: list[Any] = []
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+    async def process_inputs_async(self, request_id: str, prompt: Any, params: Any, **_: Any) -> Any:
         self.params.append(params)
         if self.refuse:
             raise VLLMValidationError(self.refuse)
-        yield SimpleNamespace(
-            outputs=[], finished=True, prompt_token_ids=[1], num_cached_tokens=0,
-            kv_transfer_params=None, prompt_logprobs=None,
-        )  # fmt: skip
+        raise _Stop  # what happens after input processing is not this test's concern
 
 
-def engine(llm: _AsyncLLM) -> VllmEngine:
-    return VllmEngine(llm, stats=None, info=None)  # type: ignore[arg-type]
+class _Stop(Exception):
+    pass
 
 
-async def run(llm: _AsyncLLM, spec: common_pb2.StructuredOutput) -> None:
+class _Client:
+    resources = SimpleNamespace(engine_dead=False)
+
+    async def get_supported_tasks_async(self) -> tuple[str, ...]:
+        return ("generate",)
+
+
+def engine(inputs: _Inputs) -> VllmEngine:
+    parts = SimpleNamespace(
+        client=_Client(),
+        input_processor=inputs,
+        loggers=None,
+        renderer=None,
+        vllm_config=SimpleNamespace(model_config=None),
+    )
+    return VllmEngine(parts, stats=None, info=None)  # type: ignore[arg-type]
+
+
+async def run(llm: _Inputs, spec: common_pb2.StructuredOutput) -> None:
     kwargs = sampling_kwargs(common_pb2.SamplingParams(structured_output=spec), max_tokens=4)
-    async for _ in engine(llm).generate("r", [1, 2], kwargs):
+    try:
+        async for _ in engine(llm).generate("r", [1, 2], kwargs):
+            pass
+    except _Stop:
         pass
 
 
 async def test_the_constraint_reaches_vllm_as_its_structured_outputs_params() -> None:
-    llm = _AsyncLLM()
+    llm = _Inputs()
     await run(
         llm, common_pb2.StructuredOutput(json_schema='{"type": "integer"}', disable_any_whitespace=True)
     )
@@ -73,13 +91,13 @@ async def test_the_constraint_reaches_vllm_as_its_structured_outputs_params() ->
     ],
 )
 async def test_every_kind_is_accepted_by_vllms_params(spec: common_pb2.StructuredOutput) -> None:
-    llm = _AsyncLLM()
+    llm = _Inputs()
     await run(llm, spec)
     assert not llm.params[0].structured_outputs.all_constraints_none()
 
 
 async def test_what_the_engine_refuses_about_a_constraint_is_an_invalid_request() -> None:
-    llm = _AsyncLLM(refuse="Invalid regex: unterminated group")
+    llm = _Inputs(refuse="Invalid regex: unterminated group")
     with pytest.raises(InvalidRequest, match="Invalid regex"):
         await run(llm, common_pb2.StructuredOutput(regex="(ab"))
 

@@ -80,7 +80,7 @@ HOST = "127.0.0.1"
 # Cleave's workers get 1 GiB of CPU KV cache (services/worker --cpu-kv-cache-gib default);
 # vLLM's CPU backend takes the same from VLLM_CPU_KVCACHE_SPACE (an integer, GiB).
 KV_CACHE_GIB = 1
-# What Cleave's in-process AsyncLLM gets by default (vLLM's SchedulerConfig default); the
+# What Cleave's vLLM engine gets by default (vLLM's SchedulerConfig default); the
 # OpenAI server would also pick 2048 on CPU, but only by a different rule, so it is pinned.
 MAX_NUM_BATCHED_TOKENS = 2048
 
