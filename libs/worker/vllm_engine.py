@@ -264,8 +264,13 @@ def _sampling_params(sampling: dict[str, Any], kv_transfer_params: dict[str, Any
     # are the client's mistake, never the worker's.
     try:
         if sampling.get("structured_outputs") is not None:
-            sampling = {**sampling, "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"])}
-        params = SamplingParams(output_kind=RequestOutputKind.DELTA, extra_args=extra_args or None, **sampling)
+            sampling = {
+                **sampling,
+                "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"]),
+            }
+        params = SamplingParams(
+            output_kind=RequestOutputKind.DELTA, extra_args=extra_args or None, **sampling
+        )
     except (ValueError, TypeError, VLLMClientError) as error:
         raise InvalidRequest(str(error)) from error
     if bad_words:

@@ -16,7 +16,10 @@ from libs.worker.engine import TokenLogprob, TopLogprob
 def sample_logprobs(lists: Any, num_logprobs: int) -> tuple[TokenLogprob, ...]:
     """vLLM's LogprobsLists (numpy arrays) of one request's new tokens."""
     return _rows(
-        lists.logprob_token_ids.tolist(), lists.logprobs.tolist(), lists.sampled_token_ranks.tolist(), num_logprobs
+        lists.logprob_token_ids.tolist(),
+        lists.logprobs.tolist(),
+        lists.sampled_token_ranks.tolist(),
+        num_logprobs,
     )
 
 
@@ -29,7 +32,10 @@ def prompt_logprobs(tensors: Any, num_logprobs: int) -> tuple[TokenLogprob, ...]
 def _rows(
     token_ids: list[list[int]], logprobs: list[list[float]], ranks: list[int], num_logprobs: int
 ) -> tuple[TokenLogprob, ...]:
-    return tuple(_row(ids, values, rank, num_logprobs) for ids, values, rank in zip(token_ids, logprobs, ranks, strict=True))
+    return tuple(
+        _row(ids, values, rank, num_logprobs)
+        for ids, values, rank in zip(token_ids, logprobs, ranks, strict=True)
+    )
 
 
 def _row(ids: list[int], values: list[float], scored_rank: int, num_logprobs: int) -> TokenLogprob:

@@ -84,8 +84,18 @@ class RequestStream:
 class _Sequence:
     """One vLLM request: a sequence of a client request."""
 
-    __slots__ = ("stream", "index", "external_id", "parent", "max_tokens", "num_logprobs", "prefilling",
-                 "num_prompt_logprobs", "prompt_logprobs", "stats")  # fmt: skip
+    __slots__ = (
+        "external_id",
+        "index",
+        "max_tokens",
+        "num_logprobs",
+        "num_prompt_logprobs",
+        "parent",
+        "prefilling",
+        "prompt_logprobs",
+        "stats",
+        "stream",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -109,7 +119,9 @@ class _Sequence:
         # vLLM's convention: the first prompt token has no logprob. Chunked prefill sends the
         # rest in pieces; they go out together with the sequence's first token.
         self.num_prompt_logprobs = num_prompt_logprobs
-        self.prompt_logprobs: list[TokenLogprob | None] | None = None if num_prompt_logprobs is None else [None]
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            None if num_prompt_logprobs is None else [None]
+        )
         self.stats = RequestStateStats(arrival_time=arrival_time)
 
 

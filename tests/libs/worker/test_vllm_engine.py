@@ -4,8 +4,9 @@ that leaves aborts what still runs, and the worker's abort ends the request's st
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -86,13 +87,16 @@ async def test_n_sequences_run_as_vllms_child_requests_with_their_own_seeds() ->
         )
     )
     steps_read = await asyncio.wait_for(reader, 5)
-    assert sorted((s.sequences[0].index, s.sequences[0].token_ids) for s in steps_read) == [(0, (3,)), (1, (4,))]
+    assert sorted((s.sequences[0].index, s.sequences[0].token_ids) for s in steps_read) == [
+        (0, (3,)),
+        (1, (4,)),
+    ]
     assert client.aborted == []  # both finished: nothing to abort
 
 
 async def test_a_reader_that_leaves_early_aborts_its_request_in_the_engine() -> None:
     llm, client = engine()
-    steps = llm.generate("r", [1, 2], {"max_tokens": 8, "detokenize": False})
+    steps = cast(AsyncGenerator[Any, None], llm.generate("r", [1, 2], {"max_tokens": 8, "detokenize": False}))
     client.outputs.put_nowait(EngineCoreOutputs(outputs=[EngineCoreOutput("r-x", [3])]))
     first = await asyncio.wait_for(anext(steps), 5)
     assert first.sequences[0].token_ids == (3,)
