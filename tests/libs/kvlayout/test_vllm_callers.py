@@ -6,7 +6,6 @@ lookup would miss without an error."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from tests.libs.kvlayout.fake_vllm_config import fake_vllm_config, model_folder
 
 
 def worker_layout(vllm_config: object) -> common_pb2.KvLayout:
-    return kv_layout(_engine_info(SimpleNamespace(vllm_config=vllm_config)))
+    return kv_layout(_engine_info(vllm_config))
 
 
 def connector_layout(vllm_config: object) -> common_pb2.KvLayout:
