@@ -148,6 +148,8 @@ class Decode:
         try:
             plan = migration.plan(failed_endpoint, life.why, self._admission)
         except MigrationRefused as refused:
+            if not migration.sent:  # the client has no response yet: an HTTP status
+                raise errors.ApiError(503, f"{refused}; retry later", type_="service_unavailable") from None
             raise MidStreamError(str(refused)) from None
         prompt = list(plan.request.prompt_token_ids)
         endpoint = await slots.enter_async_context(
@@ -159,7 +161,8 @@ class Decode:
             )
         )
         migration.moved_to(endpoint, life.why)
-        await life.to(Phase.STREAMING, why=f"moved to {endpoint.address}")
+        # Nothing sent yet: the request is simply decoding elsewhere (an error is still a status).
+        await life.to(Phase.STREAMING if migration.sent else Phase.DECODING, why=f"moved to {endpoint.address}")
         return endpoint, plan.request
 
     async def _reroute(
@@ -211,13 +214,10 @@ class Decode:
                     if engine_stopped:
                         # The worker's own failure (its engine stopped), as UNAVAILABLE below.
                         self._pool.request_failed(endpoint, "generate failed: engine unavailable")
+                        await life.to(Phase.MIGRATING, why=_failed(life, response.error.message))
+                        return
                     if not life.sent_tokens:
                         raise worker_error(response.error)
-                    if engine_stopped:
-                        await life.to(
-                            Phase.MIGRATING, why=f"decode worker failed mid-stream: {response.error.message}"
-                        )
-                        return
                     raise MidStreamError(response.error.message)
                 self._pool.request_succeeded(endpoint)  # it generates: a half-open probe passed
                 if life.phase is Phase.HANDED_OFF:
@@ -250,10 +250,7 @@ class Decode:
                             progress.prompt_logprobs,
                         )
                         return
-            failure = "the decode worker closed the stream without completing"
-            if not life.sent_tokens:
-                raise MidStreamError(failure)
-            await life.to(Phase.MIGRATING, why=failure)
+            await life.to(Phase.MIGRATING, why=_failed(life, "the stream closed without completing"))
         except grpc.aio.AioRpcError as error:
             code = error.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED and spec.deadline.expired():
@@ -271,14 +268,16 @@ class Decode:
                     # The decode worker could not use the KV (lease expired, transfer failed).
                     life.handoff_rejected(error.details() or "KV transfer failed")
                     return
-                raise api_error(error) from error
+                if code not in MIGRATING_CODES:
+                    raise api_error(error) from error
+                await life.to(Phase.MIGRATING, why=_failed(life, code.name))
+                return
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 # The gateway's own bound on a slow reader (fleet/shared_stream.py), not the worker.
                 raise MidStreamError(error.details() or "the client reads too slowly") from error
-            failure = f"decode worker failed mid-stream: {code.name}"
             if code not in MIGRATING_CODES:
-                raise MidStreamError(failure) from error
-            await life.to(Phase.MIGRATING, why=failure)
+                raise MidStreamError(f"decode worker failed mid-stream: {code.name}") from error
+            await life.to(Phase.MIGRATING, why=_failed(life, code.name))
         finally:
             call.cancel()
 
@@ -296,6 +295,11 @@ class Decode:
         if progress.prompt_logprobs is None and complete.prompt_logprobs:
             progress.prompt_logprobs = list(complete.prompt_logprobs)
         return Finished(prompt_tokens, progress.completion_tokens, cached, progress.prompt_logprobs)
+
+
+def _failed(life: RequestLife, what: str) -> str:
+    when = "mid-stream" if life.sent_tokens else "before its first token"
+    return f"decode worker failed {when}: {what}"
 
 
 def _generate_request(

@@ -7,6 +7,7 @@ and what leaving a state must undo.
              │     retry     │      │    └ rejected │        MIGRATING
              │               └──────┼──► DECODING   │
              └─────────────────────────► DECODING   │
+    HANDED_OFF, DECODING ──► MIGRATING ──► DECODING  (the worker failed before any token)
     every phase but DONE ──────────────────────────────────────► FAILED
 
 - PLANNED: admitted to a decode (or colocated) worker; its route is chosen next (route.py).
@@ -18,11 +19,16 @@ and what leaving a state must undo.
   one effect): a handoff the decode worker rejected is prefilled again (PREFILLING; at most
   twice), anything else fails the request.
 - DECODING: a worker has the request (the handoff consumed, or the prompt computed there) and
-  no token has reached the client: a failure now is still an HTTP error.
+  no token has reached the client. The worker's own failure now (its process or connection
+  gone, its engine stopped) moves the request to another worker (MIGRATING, then DECODING
+  there: nothing was sent, so nothing constrains the new run); any other failure is an HTTP
+  error. From HANDED_OFF the same: the handoff's KV is released and the new worker computes
+  the prompt.
 - STREAMING: tokens were sent. The worker's own failure now moves the request (MIGRATING);
   any other failure ends the stream with an error event.
 - MIGRATING: the tokens generated so far go to another decode worker as a longer prompt
-  (migration.py); STREAMING goes on there, or the request fails when it cannot move.
+  (migration.py); STREAMING goes on there (DECODING when no token was sent yet), or the
+  request fails when it cannot move.
 - DONE / FAILED: the end. FAILED carries why; a client that went away fails the request too
   (its worker calls are cancelled, which frees their KV).
 """
@@ -54,10 +60,10 @@ class Phase(enum.Enum):
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.PLANNED: frozenset({Phase.PREFILLING, Phase.DECODING, Phase.FAILED}),
     Phase.PREFILLING: frozenset({Phase.PREFILLING, Phase.HANDED_OFF, Phase.DECODING, Phase.FAILED}),
-    Phase.HANDED_OFF: frozenset({Phase.DECODING, Phase.PREFILLING, Phase.FAILED}),
-    Phase.DECODING: frozenset({Phase.STREAMING, Phase.DONE, Phase.FAILED}),
+    Phase.HANDED_OFF: frozenset({Phase.DECODING, Phase.PREFILLING, Phase.MIGRATING, Phase.FAILED}),
+    Phase.DECODING: frozenset({Phase.STREAMING, Phase.MIGRATING, Phase.DONE, Phase.FAILED}),
     Phase.STREAMING: frozenset({Phase.MIGRATING, Phase.DONE, Phase.FAILED}),
-    Phase.MIGRATING: frozenset({Phase.STREAMING, Phase.FAILED}),
+    Phase.MIGRATING: frozenset({Phase.STREAMING, Phase.DECODING, Phase.FAILED}),
     Phase.DONE: frozenset(),
     Phase.FAILED: frozenset(),
 }

@@ -30,8 +30,12 @@ What carries over, and what cannot:
 - Only the worker's own failures migrate: its process or connection gone (UNAVAILABLE), the
   stream ended without its complete message, its engine stopped (ERROR_CODE_OVERLOADED). A
   request the worker refuses, or an internal error that may be this request's own, is not
-  retried elsewhere. Failures before the first token keep the pipeline's earlier handling
-  (a KV handoff the decode refused is prefilled again; otherwise an error).
+  retried elsewhere.
+- Before the first token the same failures move the request too, and every request can move
+  then (n > 1 and structured output included): nothing reached the client, so the new worker
+  simply runs the original request, prompt logprobs included, without the KV handoff (its
+  KV is released on the prefill worker; the new worker computes the prompt). A KV handoff the
+  decode worker refused is prefilled again, as before (generate.py).
 """
 
 from __future__ import annotations
@@ -74,11 +78,14 @@ def continuation_request(
     original: worker_pb2.GenerateRequest, generated: Sequence[int]
 ) -> worker_pb2.GenerateRequest:
     """The request that generates the rest of a single sequence: prompt + what was generated,
-    max_tokens and min_tokens less what was generated, no handoff, no prompt logprobs (the
-    client asked for the original prompt's, and the extended prompt's are not those)."""
+    max_tokens and min_tokens less what was generated, no handoff, no prompt logprobs once
+    tokens were generated (the client asked for the original prompt's, and the extended
+    prompt's are not those). With nothing generated: the original request, less its handoff."""
     request = worker_pb2.GenerateRequest()
     request.CopyFrom(original)
     request.ClearField("handoff")
+    if not generated:
+        return request
     request.prompt_token_ids.extend(generated)
     sampling = request.sampling
     if sampling.HasField("max_tokens"):
@@ -101,6 +108,7 @@ class Migration:
             images and original.HasField("handoff") and not (original.image_embeddings or original.images)
         )
         self._generated: list[int] = []
+        self.sent = False  # the client got tokens (of any sequence)
         self._failed: set[str] = set()
         self.migrations = 0
 
@@ -110,6 +118,7 @@ class Migration:
 
     def record(self, index: int, token_ids: Sequence[int]) -> None:
         """Tokens the client was sent for sequence `index` (only sequence 0 can move)."""
+        self.sent = self.sent or bool(token_ids)
         if index == 0:
             self._generated.extend(token_ids)
 
@@ -154,12 +163,14 @@ class Migration:
             return "disabled", "migration is disabled (--migration-limit 0)"
         if self.migrations >= self._limit:
             return "limit", f"it already moved {self.migrations} time(s) (--migration-limit {self._limit})"
+        if self._images:
+            return "images", "requests with images prefilled elsewhere are not migrated"
+        if not self.sent:
+            return None  # nothing reached the client: the request runs again from its start
         if (sampling.n or 1) > 1:
             return "n", "requests with n > 1 are not migrated"
         if sampling.structured_output.WhichOneof("kind") is not None:
             return "structured_output", "requests with structured output are not migrated"
-        if self._images:
-            return "images", "requests with images prefilled elsewhere are not migrated"
         if sampling.HasField("max_tokens") and len(self._generated) >= sampling.max_tokens:
             # The worker sent every token but not the finish: nothing is left to generate.
             return "nothing_left", "all max_tokens were generated but the sequence never finished"

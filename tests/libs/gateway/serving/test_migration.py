@@ -17,7 +17,7 @@ from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.roles import Role
-from libs.gateway.common.errors import MidStreamError
+from libs.gateway.common.errors import ApiError, MidStreamError
 from libs.gateway.common.generation import Finished, GenerationSpec, SequenceEvent
 from libs.gateway.fleet.pool import WorkerPool
 from libs.gateway.fleet.routing import create_policy
@@ -388,3 +388,38 @@ async def test_n_above_one_and_structured_output_are_not_moved(stack: Stack) -> 
     await stack.reset(Fail(1))
     with pytest.raises(MidStreamError, match="structured output"):
         await run(pipeline, structured)
+
+
+@pytest.mark.parametrize("how", ["unavailable", "close", "engine_stopped"])
+async def test_a_worker_failing_before_its_first_token_hands_the_request_to_another(
+    stack: Stack, how: str
+) -> None:
+    pipeline = await stack.pipeline({"prefill": 1, "decode": 2})
+    await stack.reset(Fail(0, how=how))
+    before = migrations()
+    moved = await run(pipeline, stack.spec())
+    assert moved.text == ANSWER and migrations() - before == 1
+    (first, handed_over), (second, again) = stack.script.calls
+    assert first != second
+    # Nothing was sent: the same request runs there, computing the prompt (no handoff).
+    assert handed_over.HasField("handoff") and not again.HasField("handoff")
+    assert list(again.prompt_token_ids) == stack.prompt and again.sampling.max_tokens == 100
+    assert stack.pool is not None and all(e.admitted == 0 for e in stack.pool.endpoints)
+
+
+async def test_before_the_first_token_n_above_one_and_structured_output_move_too(stack: Stack) -> None:
+    pipeline = await stack.pipeline({"both": 2})
+    structured = stack.spec(prompt_logprobs=1, n=2)
+    structured.sampling.structured_output.json_object = True
+    await stack.reset(Fail(0))
+    assert (await run(pipeline, structured)).text == ANSWER  # the fake answers sequence 0
+    (_, first), (_, again) = stack.script.calls
+    assert again == first  # prompt logprobs and the constraint included: nothing had run
+
+
+async def test_no_other_worker_before_the_first_token_is_a_503(stack: Stack) -> None:
+    pipeline = await stack.pipeline({"prefill": 1, "decode": 1})
+    await stack.reset(Fail(0))
+    with pytest.raises(ApiError, match=r"before its first token.*no other healthy") as raised:
+        await run(pipeline, stack.spec())
+    assert raised.value.status == 503
