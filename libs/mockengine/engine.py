@@ -108,9 +108,12 @@ class MockEngine:
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        sequences: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> AsyncIterator[EngineStep]:
         if image_embeddings or images:
             raise InvalidRequest("the mock engine does not simulate images; send text-only prompts")
+        if sequences:
+            raise InvalidRequest("the mock engine does not continue moved n > 1 requests")
         if self.dead:
             raise EngineUnavailable("the mock engine's core died; this worker cannot serve until restarted")
         spec = sampling_spec(sampling)

@@ -120,12 +120,15 @@ class Engine(Protocol):
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        sequences: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> AsyncIterator[EngineStep]:
         """`cache_salt` (non-empty) separates this prompt's prefix-cache entries from those of
         requests without the same salt (vLLM's cache_salt). `image_embeddings`: one
         [num_image_tokens, hidden_size] tensor per image placeholder of the prompt, in order
         (the encoder service's output). `images`: instead, one decoded PIL image per
-        placeholder, which the engine preprocesses and encodes itself (no encoder service)."""
+        placeholder, which the engine preprocesses and encodes itself (no encoder service).
+        `sequences`: a moved n > 1 request's open sequences, (index, tokens generated so
+        far): one sequence each, from the prompt plus its tokens, with its budget less them."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -28,3 +28,19 @@ async def decode_images(
     if with_embeddings:
         raise InvalidRequest("a request carries either images or image embeddings, not both")
     return [await asyncio.to_thread(open_image, data, limits) for data in files]
+
+
+def image_embeddings(tensors: Sequence[Any], *, enabled: bool) -> list[Any]:
+    """The request's image embeddings (common_pb2.Tensor) as tensors; refused where vLLM would
+    refuse them (`enabled`: the worker runs with --enable-mm-embeds)."""
+    if not tensors:
+        return []
+    if not enabled:
+        raise InvalidRequest("this worker takes no image embeddings (start it with --enable-mm-embeds)")
+    # Imported here: it needs torch, which a worker without images (a mock one) never loads.
+    from libs.encoder.tensors import from_proto
+
+    try:
+        return [from_proto(tensor) for tensor in tensors]
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from error

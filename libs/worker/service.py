@@ -31,14 +31,19 @@ from libs.worker.handoff import (
     params_from_handoff,
     trusted_hosts,
 )
-from libs.worker.images import decode_images
+from libs.worker.images import decode_images, image_embeddings
 from libs.worker.layout import check_layout, kv_layout
 from libs.worker.leases import Leases
 from libs.worker.outputs import FINISH_REASONS, logprob_proto, prompt_logprobs_proto
 from libs.worker.peers import DnsPeers
 from libs.worker.reports import worker_info, worker_stats
 from libs.worker.sampling import sampling_kwargs
-from libs.worker.validation import resolve_max_tokens, validate_prompt, validate_token_fields
+from libs.worker.validation import (
+    resolve_max_tokens,
+    sequence_prefixes,
+    validate_prompt,
+    validate_token_fields,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -83,7 +88,7 @@ class WorkerService:
         # min_tokens holds back EOS and stop tokens for the first token here; more would be
         # more than this one token (vLLM refuses min_tokens > max_tokens).
         sampling["min_tokens"] = min(sampling["min_tokens"], 1)
-        embeddings = self._image_embeddings(request.image_embeddings)
+        embeddings = image_embeddings(request.image_embeddings, enabled=self._config.enable_mm_embeds)
         images = await self._images(request.images, embeddings)
         started = time.perf_counter()
         last = await self._run_to_end(
@@ -149,11 +154,15 @@ class WorkerService:
             request.sampling, max_tokens=max_tokens, defaults=self._engine.info.sampling_defaults
         )
         kv_params = await self._decode_kv_params(request)
+        moved_alone = kv_params is None and not (request.images or request.image_embeddings)
+        prefixes = sequence_prefixes(
+            request.sequences, n=sampling["n"], max_tokens=max_tokens, moved_alone=moved_alone
+        )
         completion_tokens = 0
         last: EngineStep | None = None
         prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
         prompt_logprobs_sent = False
-        embeddings = self._image_embeddings(request.image_embeddings)
+        embeddings = image_embeddings(request.image_embeddings, enabled=self._config.enable_mm_embeds)
         images = await self._images(request.images, embeddings)
         num_prompt_tokens = len(prompt)
         async for step in self._run(
@@ -165,6 +174,7 @@ class WorkerService:
             image_embeddings=embeddings,
             images=images,
             handoff=request.handoff if kv_params is not None else None,
+            **({"sequences": prefixes} if prefixes else {}),
         ):
             last = step
             if step.prompt_token_ids is not None:
@@ -313,6 +323,7 @@ class WorkerService:
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
         handoff: worker_pb2.KvHandoff | None = None,
+        **more: Any,
     ) -> AsyncIterator[EngineStep]:
         """Streams engine steps; aborts the request if the caller goes away. While draining,
         refuses new requests and ends handed-off ones (drain.py). KV that came by `handoff`
@@ -331,6 +342,7 @@ class WorkerService:
                 cache_salt=cache_salt,
                 **({"image_embeddings": image_embeddings} if image_embeddings else {}),
                 **({"images": images} if images else {}),
+                **more,  # sequences: a moved request's open sequences
             ):
                 self._drain.check_running(request_id)
                 if handoff is not None:
@@ -379,17 +391,3 @@ class WorkerService:
         return await decode_images(
             files, takes_images=self._engine.info.takes_images, with_embeddings=bool(embeddings)
         )
-
-    def _image_embeddings(self, tensors: Sequence[common_pb2.Tensor]) -> list[Any]:
-        """The request's image embeddings as tensors; refused where vLLM would refuse them."""
-        if not tensors:
-            return []
-        if not self._config.enable_mm_embeds:
-            raise InvalidRequest("this worker takes no image embeddings (start it with --enable-mm-embeds)")
-        # Imported here: it needs torch, which a worker without images (a mock one) never loads.
-        from libs.encoder.tensors import from_proto
-
-        try:
-            return [from_proto(tensor) for tensor in tensors]
-        except ValueError as error:
-            raise InvalidRequest(str(error)) from error

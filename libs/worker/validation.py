@@ -8,6 +8,7 @@ messages name vLLM's fields rather than the API's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from cleave.common.v1 import common_pb2
 from libs.worker.errors import InvalidRequest
@@ -63,3 +64,25 @@ def resolve_max_tokens(requested: int | None, *, prompt_len: int, max_model_len:
             f"context of {max_model_len} tokens (at most {room} new tokens fit)"
         )
     return requested
+
+
+def sequence_prefixes(
+    sequences: Iterable[Any], *, n: int, max_tokens: int, moved_alone: bool
+) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """GenerateRequest.sequences (a moved n > 1 request's open sequences), checked: distinct
+    indexes below n, each with tokens left in its budget. `moved_alone`: the request carries
+    no handoff or images (a continuation computes its prompts itself, from text)."""
+    prefixes = tuple((int(s.index), tuple(s.token_ids)) for s in sequences)
+    if not prefixes:
+        return ()
+    if not moved_alone:
+        raise InvalidRequest("sequences (a moved request) cannot come with a KV handoff or images")
+    indexes = [index for index, _ in prefixes]
+    if len(set(indexes)) != len(indexes) or not all(0 <= index < n for index in indexes):
+        raise InvalidRequest(f"sequences must have distinct indexes in [0, n={n}); got {indexes}")
+    for index, tokens in prefixes:
+        if len(tokens) >= max_tokens:
+            raise InvalidRequest(
+                f"sequence {index} already has {len(tokens)} tokens of max_tokens={max_tokens}: none is left"
+            )
+    return prefixes

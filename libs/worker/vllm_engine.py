@@ -88,6 +88,7 @@ class VllmEngine:
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        sequences: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> AsyncIterator[EngineStep]:
         if self.dead:
             raise EngineUnavailable("the engine died; this worker cannot serve until restarted")
@@ -102,20 +103,23 @@ class VllmEngine:
         elif images:
             # PIL images: vLLM's own processor and vision tower (its in-engine path).
             prompt["multi_modal_data"] = {"image": list(images)}
-        requests, parent = await self._requests(request_id, prompt, params)
-        first = requests[0]
+        if sequences:
+            requests, parent = await self._moved(request_id, prompt, params, sequences)
+        else:
+            requests, parent = await self._requests(request_id, prompt, params)
+        first = requests[0][1]
         stream = RequestStream(
-            prompt_len=len(first.prompt_token_ids or ()),
+            prompt_len=len(prompt_token_ids) if sequences else len(first.prompt_token_ids or ()),
             num_sequences=len(requests),
             remote_cached_tokens=_remote_cached_tokens(kv_transfer_params),
             expanded_prompt=tuple(first.prompt_token_ids or ()) if (image_embeddings or images) else None,
         )
-        ids = [request.request_id for request in requests]
+        ids = [request.request_id for _, request in requests]
         self._router.add(stream, requests, parent, external_id=request_id)
         self._running[request_id] = (stream, ids)
         finished = False
         try:
-            for request in requests:
+            for _, request in requests:
                 await self._client.add_request_async(request)
             while not finished:
                 await stream.wait()
@@ -133,9 +137,48 @@ class VllmEngine:
 
     async def _requests(
         self, request_id: str, prompt: TokensPrompt, params: SamplingParams
-    ) -> tuple[list[Any], ParentRequest | None]:
+    ) -> tuple[list[tuple[int, Any]], ParentRequest | None]:
         """vLLM's input processing, then its fan-out of n > 1 into one request per sequence
         (as AsyncLLM.add_request does: ParentRequest names them and sets their seeds)."""
+        request = await self._process(request_id, prompt, params)
+        n = request.sampling_params.n
+        if n == 1:
+            return [(0, request)], None
+        parent = ParentRequest(request)
+        children = []
+        for index in range(n):
+            child_id, child_params = parent.get_child_info(index)
+            child = request if index == n - 1 else copy(request)
+            child.request_id = child_id
+            child.sampling_params = child_params
+            children.append((index, child))
+        return children, parent
+
+    async def _moved(
+        self,
+        request_id: str,
+        prompt: TokensPrompt,
+        params: SamplingParams,
+        sequences: Sequence[tuple[int, Sequence[int]]],
+    ) -> tuple[list[tuple[int, Any]], None]:
+        """A moved n > 1 request's open sequences: each its own vLLM request, its prompt the
+        request's plus the tokens it had generated, its budget less those, and the seed vLLM
+        gave that sequence (ParentRequest's seed + index), so a seeded sequence continues
+        reproducibly from the same cut (not as the uninterrupted run would have)."""
+        requests = []
+        for index, tokens in sequences:
+            child_params = params.clone()
+            child_params.n = 1
+            if child_params.max_tokens is not None:
+                child_params.max_tokens -= len(tokens)
+            child_params.min_tokens = max(0, child_params.min_tokens - len(tokens))
+            if child_params.seed is not None:
+                child_params.seed += index
+            child_prompt = TokensPrompt(prompt, prompt_token_ids=[*prompt["prompt_token_ids"], *tokens])
+            requests.append((index, await self._process(f"{index}_{request_id}", child_prompt, child_params)))
+        return requests, None
+
+    async def _process(self, request_id: str, prompt: TokensPrompt, params: SamplingParams) -> Any:
         if self._supported_tasks is None:
             self._supported_tasks = await self._client.get_supported_tasks_async()
         try:
@@ -145,18 +188,7 @@ class VllmEngine:
         except (ValueError, TypeError, VLLMClientError) as error:  # the client's mistake
             raise InvalidRequest(str(error)) from error
         self._inputs.assign_request_id(request)  # vLLM's unique internal id
-        n = request.sampling_params.n
-        if n == 1:
-            return [request], None
-        parent = ParentRequest(request)
-        children = []
-        for index in range(n):
-            child_id, child_params = parent.get_child_info(index)
-            child = request if index == n - 1 else copy(request)
-            child.request_id = child_id
-            child.sampling_params = child_params
-            children.append(child)
-        return children, parent
+        return request
 
     async def abort(self, request_id: str) -> None:
         """Ends a running request's stream with "abort" (its reader sees the end) and frees

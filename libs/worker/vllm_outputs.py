@@ -140,14 +140,14 @@ class OutputRouter:
     def add(
         self,
         stream: RequestStream,
-        requests: Sequence[Any],
+        requests: Sequence[tuple[int, Any]],
         parent: ParentRequest | None,
         *,
         external_id: str,
     ) -> None:
-        """Routes the outputs of `requests` (EngineCoreRequests, in sequence order) to `stream`."""
+        """Routes the outputs of `requests` ((sequence index, EngineCoreRequest)) to `stream`."""
         self._ensure_running()
-        for index, request in enumerate(requests):
+        for index, request in requests:
             params = request.sampling_params
             self._sequences[request.request_id] = _Sequence(
                 stream,

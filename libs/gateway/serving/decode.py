@@ -121,7 +121,7 @@ class Decode:
                         continue
                     if life.phase is not Phase.MIGRATING:
                         return  # done, or (HANDED_OFF) the handoff was rejected
-                    endpoint, request = await self._move(spec, endpoint, migration, slots, life)
+                    endpoint, request = await self._move(spec, endpoint, migration, slots, life, progress)
         finally:
             for detokenizer in detokenizers.values():
                 detokenizer.close()
@@ -141,12 +141,13 @@ class Decode:
         migration: Migration,
         slots: AsyncExitStack,
         life: RequestLife,
+        progress: _Progress,
     ) -> tuple[Endpoint, worker_pb2.GenerateRequest]:
         """The worker and request that continue a request its worker failed mid-stream
         (migration.py). The new worker's admission slot is held by `slots`; waiting for one
         counts against the request's deadline like any other."""
         try:
-            plan = migration.plan(failed_endpoint, life.why, self._admission)
+            plan = migration.plan(failed_endpoint, life.why, self._admission, progress.open_sequences)
         except MigrationRefused as refused:
             if not migration.sent:  # the client has no response yet: an HTTP status
                 raise errors.ApiError(503, f"{refused}; retry later", type_="service_unavailable") from None
@@ -162,7 +163,9 @@ class Decode:
         )
         migration.moved_to(endpoint, life.why)
         # Nothing sent yet: the request is simply decoding elsewhere (an error is still a status).
-        await life.to(Phase.STREAMING if migration.sent else Phase.DECODING, why=f"moved to {endpoint.address}")
+        await life.to(
+            Phase.STREAMING if migration.sent else Phase.DECODING, why=f"moved to {endpoint.address}"
+        )
         return endpoint, plan.request
 
     async def _reroute(

@@ -23,10 +23,12 @@ What carries over, and what cannot:
   and is unaffected).
 - Structured output is not migrated: the new worker's grammar would start from scratch on a
   prompt that ends mid-document, and could produce an invalid one.
-- n > 1 is not migrated: each sequence has its own generated tokens, so a continuation would be
-  one request per open sequence merged back into one stream, for a case (several samples of
-  one prompt) that is random sampling and cannot continue exactly anyway. The client gets the
-  error event, as without migration.
+- n > 1 moves as one request (`sequences_request`): the worker runs each sequence still open
+  from the prompt plus that sequence's tokens, its budget less them, under its own index
+  (GenerateRequest.sequences), so the client's stream goes on for every sequence and the
+  finished ones stay finished. vLLM takes n > 1 only sampled: each sequence continues as a
+  valid sample with new draws (a seed gives each sequence vLLM's seed for it, seed + index,
+  from the cut on).
 - Only the worker's own failures migrate: its process or connection gone (UNAVAILABLE), the
   stream ended without its complete message, its engine stopped (ERROR_CODE_OVERLOADED). A
   request the worker refuses, or an internal error that may be this request's own, is not
@@ -40,7 +42,7 @@ What carries over, and what cannot:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -95,6 +97,23 @@ def continuation_request(
     return request
 
 
+def sequences_request(
+    original: worker_pb2.GenerateRequest, generated: Mapping[int, Sequence[int]]
+) -> worker_pb2.GenerateRequest:
+    """The request that generates the rest of an n > 1 request's open sequences (`generated`:
+    each one's tokens so far, by index): the original less its handoff and prompt logprobs,
+    with one GenerateRequest.sequences entry per open sequence (the worker shortens each
+    budget)."""
+    request = worker_pb2.GenerateRequest()
+    request.CopyFrom(original)
+    request.ClearField("handoff")
+    request.sampling.ClearField("prompt_logprobs")
+    del request.sequences[:]
+    for index, tokens in sorted(generated.items()):
+        request.sequences.add(index=index, token_ids=tokens)
+    return request
+
+
 class Migration:
     """One request's migrations: the tokens it generated so far, the workers that failed it,
     and how many times it moved (at most `limit`; 0 disables migration)."""
@@ -107,7 +126,7 @@ class Migration:
         self._images = (
             images and original.HasField("handoff") and not (original.image_embeddings or original.images)
         )
-        self._generated: list[int] = []
+        self._generated: dict[int, list[int]] = {}  # by sequence index
         self.sent = False  # the client got tokens (of any sequence)
         self._failed: set[str] = set()
         self.migrations = 0
@@ -117,21 +136,24 @@ class Migration:
         return self.migrations > 0
 
     def record(self, index: int, token_ids: Sequence[int]) -> None:
-        """Tokens the client was sent for sequence `index` (only sequence 0 can move)."""
+        """Tokens the client was sent for sequence `index`."""
         self.sent = self.sent or bool(token_ids)
-        if index == 0:
-            self._generated.extend(token_ids)
+        self._generated.setdefault(index, []).extend(token_ids)
 
     @property
     def failed(self) -> frozenset[str]:
         """Addresses of the workers that failed this request; it does not go back to them."""
         return frozenset(self._failed)
 
-    def plan(self, failed: Endpoint, failure: str, admission: Admission) -> Plan:
+    def plan(
+        self, failed: Endpoint, failure: str, admission: Admission, open_sequences: Iterable[int] = (0,)
+    ) -> Plan:
         """The role of the worker to continue on and the continuation request, after `failed`
-        failed the request with `failure`; raises MigrationRefused (counted) when it cannot move."""
+        failed the request with `failure` while `open_sequences` had not finished; raises
+        MigrationRefused (counted) when it cannot move."""
         self._failed.add(failed.address)
-        refusal = self._refusal()
+        still_open = sorted(open_sequences)
+        refusal = self._refusal(still_open)
         # Decode workers first (generating is their job); colocated ones when none is left.
         roles = [r for r in (Role.DECODE, Role.BOTH) if admission.serviceable(r, exclude=self._failed)]
         if refusal is None and not roles:
@@ -140,7 +162,12 @@ class Migration:
             reason, why = refusal
             metrics.MIGRATIONS_REFUSED.labels(reason).inc()
             raise MigrationRefused(f"{failure}; not continued on another worker: {why}")
-        return Plan(roles[0], continuation_request(self._original, self._generated))
+        if (self._original.sampling.n or 1) > 1 and self.sent:
+            return Plan(
+                roles[0],
+                sequences_request(self._original, {i: self._generated.get(i, []) for i in still_open}),
+            )
+        return Plan(roles[0], continuation_request(self._original, self._generated.get(0, [])))
 
     def moved_to(self, endpoint: Endpoint, failure: str) -> None:
         """The continuation was sent to `endpoint`: counted and logged."""
@@ -152,11 +179,11 @@ class Migration:
             failed=sorted(self._failed),
             failure=failure,
             to=endpoint.address,
-            generated_tokens=len(self._generated),
+            generated_tokens=sum(len(tokens) for tokens in self._generated.values()),
             migration=self.migrations,
         )
 
-    def _refusal(self) -> tuple[str, str] | None:
+    def _refusal(self, still_open: Sequence[int] = (0,)) -> tuple[str, str] | None:
         """(metric label, reason) when the request cannot move at all."""
         sampling = self._original.sampling
         if self._limit == 0:
@@ -167,11 +194,10 @@ class Migration:
             return "images", "requests with images prefilled elsewhere are not migrated"
         if not self.sent:
             return None  # nothing reached the client: the request runs again from its start
-        if (sampling.n or 1) > 1:
-            return "n", "requests with n > 1 are not migrated"
         if sampling.structured_output.WhichOneof("kind") is not None:
             return "structured_output", "requests with structured output are not migrated"
-        if sampling.HasField("max_tokens") and len(self._generated) >= sampling.max_tokens:
+        longest = max((len(self._generated.get(i, ())) for i in still_open), default=0)
+        if sampling.HasField("max_tokens") and longest >= sampling.max_tokens:
             # The worker sent every token but not the finish: nothing is left to generate.
             return "nothing_left", "all max_tokens were generated but the sequence never finished"
         return None

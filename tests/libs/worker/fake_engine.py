@@ -58,10 +58,12 @@ class FakeEngine:
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        sequences: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> AsyncIterator[EngineStep]:
         self.calls.append(
             {
                 "request_id": request_id,
+                "sequences": [(index, list(tokens)) for index, tokens in sequences],
                 "sampling": sampling,
                 "kv": kv_transfer_params,
                 "cache_salt": cache_salt,
@@ -102,7 +104,7 @@ class FakeEngine:
                 last = position == sampling["max_tokens"] - 1 or stopped
                 reason = ("stop" if stopped else "length") if last else None
                 logprobs = (TokenLogprob(token, -0.5, 1),) if sampling.get("logprobs") is not None else ()
-                sequences = tuple(
+                deltas = tuple(
                     SequenceDelta(i, (token,), logprobs, reason, token if stopped else None) for i in range(n)
                 )
                 params = None
@@ -117,7 +119,7 @@ class FakeEngine:
                         "tp_size": 1,
                     }
                 yield EngineStep(
-                    sequences=sequences,
+                    sequences=deltas,
                     finished=last,
                     num_prompt_tokens=len(prompt_token_ids),
                     num_cached_tokens=external,

@@ -71,6 +71,7 @@ class RefusingEngine(FakeEngine):
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        sequences: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> AsyncIterator[EngineStep]:
         async def refuse() -> AsyncIterator[EngineStep]:
             if sampling.get("logprobs", 0) > 20:
@@ -109,3 +110,38 @@ async def test_a_malformed_release_is_an_invalid_request() -> None:
     with pytest.raises(InvalidRequest):
         await service.release_kv(worker_pb2.ReleaseKvRequest(request_id="r", handoff=worker_pb2.KvHandoff()))
     assert engine.released == []
+
+
+def _moved(*sequences: tuple[int, list[int]], **request: Any) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(
+        prompt_token_ids=[5, 6],
+        sampling=common_pb2.SamplingParams(n=3, max_tokens=4, temperature=1.0),
+        sequences=[worker_pb2.SequencePrefix(index=i, token_ids=t) for i, t in sequences],
+        **request,
+    )
+
+
+async def test_a_moved_requests_sequences_reach_the_engine() -> None:
+    worker, engine = make(Role.BOTH)
+    async for _ in worker.generate(_moved((0, [7]), (2, [8, 9]))):
+        pass
+    assert engine.calls[0]["sequences"] == [(0, [7]), (2, [8, 9])]
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (_moved((0, [7]), (0, [8])), r"distinct indexes in \[0, n=3\)"),
+        (_moved((3, [7])), r"distinct indexes in \[0, n=3\)"),
+        (_moved((1, [7, 8, 9, 10])), "sequence 1 already has 4 tokens of max_tokens=4"),
+        (_moved((1, [7]), images=[b"x"]), "cannot come with a KV handoff or images"),
+    ],
+)
+async def test_a_moved_request_that_cannot_be_continued_is_refused(
+    request_: worker_pb2.GenerateRequest, message: str
+) -> None:
+    worker, engine = make(Role.BOTH)
+    with pytest.raises(InvalidRequest, match=message):
+        async for _ in worker.generate(request_):
+            pass
+    assert engine.calls == []

@@ -124,3 +124,33 @@ async def _until(condition: Any) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("timed out")
+
+
+async def test_a_moved_requests_sequences_continue_from_their_own_tokens() -> None:
+    llm, client = engine()
+    sampling = {"n": 3, "max_tokens": 10, "min_tokens": 4, "seed": 7, "temperature": 1.0, "detokenize": False}
+    reader = asyncio.ensure_future(
+        _all(llm.generate("r", [1, 2], sampling, sequences=[(0, [5, 6]), (2, [7])]))
+    )
+    await _until(lambda: len(client.added) == 2)
+    first, second = client.added
+    assert (first.request_id, first.prompt_token_ids) == ("0_r-x", [1, 2, 5, 6])
+    assert (second.request_id, second.prompt_token_ids) == ("2_r-x", [1, 2, 7])
+    params = [
+        (r.sampling_params.n, r.sampling_params.max_tokens, r.sampling_params.min_tokens)
+        for r in client.added
+    ]
+    assert params == [(1, 8, 2), (1, 9, 3)]
+    assert [r.sampling_params.seed for r in client.added] == [7, 9]  # vLLM's seed of each sequence
+    client.outputs.put_nowait(
+        EngineCoreOutputs(
+            outputs=[
+                EngineCoreOutput("0_r-x", [3], finish_reason=FinishReason.LENGTH),
+                EngineCoreOutput("2_r-x", [4], finish_reason=FinishReason.LENGTH),
+            ]
+        )
+    )
+    steps = await asyncio.wait_for(reader, 5)
+    # Each continues under its own index; the prompt is the request's, not a sequence's.
+    assert sorted((s.sequences[0].index, s.sequences[0].token_ids) for s in steps) == [(0, (3,)), (2, (4,))]
+    assert all(s.num_prompt_tokens == 2 for s in steps)

@@ -64,7 +64,7 @@ async def setup(
         prompt_len=3, num_sequences=num_sequences, remote_cached_tokens=remote_cached, expanded_prompt=None
     )
     ids = [f"{i}_r" for i in range(num_sequences)] if num_sequences > 1 else ["r"]
-    router.add(stream, [request(rid, **params) for rid in ids], None, external_id="r")
+    router.add(stream, [(i, request(rid, **params)) for i, rid in enumerate(ids)], None, external_id="r")
     return client, loggers, router, stream
 
 

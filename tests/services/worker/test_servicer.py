@@ -45,6 +45,7 @@ class FailingEngine(FakeEngine):
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        sequences: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> AsyncIterator[EngineStep]:
         inner = super().generate(
             request_id, prompt_token_ids, sampling, kv_transfer_params, cache_salt=cache_salt

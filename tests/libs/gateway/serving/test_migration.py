@@ -84,35 +84,54 @@ class GreedyWorker(QuietWorkerServicer):
         step = self.script.steps[n] if n < len(self.script.steps) else None
         self.script.calls.append((self.name, request))
         prompt = list(request.prompt_token_ids)
-        done = prompt[len(self.prompt) :]
-        assert prompt[: len(self.prompt)] == self.prompt and done == self.answer[: len(done)]
-        rest = self.answer[len(done) :]
-        out = rest[: request.sampling.max_tokens]
-        for i, start in enumerate(range(0, len(out), self.per_chunk)):
+        assert prompt[: len(self.prompt)] == self.prompt
+        # Each sequence: (index, what it generated before, what it generates here). Every
+        # sequence of an n > 1 request decodes the same greedy answer.
+        runs = []
+        if request.sequences:  # a moved n > 1 request: the worker shortens each budget
+            assert prompt == self.prompt
+            for entry in request.sequences:
+                done = list(entry.token_ids)
+                runs.append((entry.index, done, request.sampling.max_tokens - len(done)))
+        else:
+            done = prompt[len(self.prompt) :]
+            runs = [(i, done, request.sampling.max_tokens) for i in range(request.sampling.n or 1)]
+        outs = []
+        for index, done, budget in runs:
+            assert done == self.answer[: len(done)]
+            outs.append((index, self.answer[len(done) :][:budget], len(done)))
+        longest = max(len(out) for _, out, _ in outs)
+        for i, start in enumerate(range(0, longest, self.per_chunk)):
             if step is not None and i == step.after_chunks:
                 async for response in self._fail(step, context):
                     yield response
                 return
-            ids = out[start : start + self.per_chunk]
-            last = start + self.per_chunk >= len(out)
-            finish = common_pb2.FINISH_REASON_UNSPECIFIED
-            if last and self.finish_in_chunk:
-                finish = (
-                    common_pb2.FINISH_REASON_STOP
-                    if len(rest) == len(out)
-                    else common_pb2.FINISH_REASON_LENGTH
+            for index, out, before in outs:
+                if start >= len(out):
+                    continue
+                ids = out[start : start + self.per_chunk]
+                finish = common_pb2.FINISH_REASON_UNSPECIFIED
+                if start + self.per_chunk >= len(out) and self.finish_in_chunk:
+                    rest = self.answer[before:]
+                    finish = (
+                        common_pb2.FINISH_REASON_STOP
+                        if len(rest) == len(out)
+                        else common_pb2.FINISH_REASON_LENGTH
+                    )
+                logprobs = []
+                if request.sampling.HasField("logprobs"):
+                    # A value per position in the answer, so misplaced logprobs show.
+                    position = before + start
+                    logprobs = [
+                        common_pb2.TokenLogprob(token_id=t, logprob=-(position + k) / 100, rank=1)
+                        for k, t in enumerate(ids)
+                    ]
+                yield worker_pb2.GenerateResponse(
+                    chunk=worker_pb2.TokenChunk(
+                        index=index, token_ids=ids, logprobs=logprobs, finish_reason=finish
+                    )
                 )
-            logprobs = []
-            if request.sampling.HasField("logprobs"):
-                # A value per position in the answer, so misplaced logprobs show.
-                position = len(done) + start
-                logprobs = [
-                    common_pb2.TokenLogprob(token_id=t, logprob=-(position + k) / 100, rank=1)
-                    for k, t in enumerate(ids)
-                ]
-            yield worker_pb2.GenerateResponse(
-                chunk=worker_pb2.TokenChunk(token_ids=ids, logprobs=logprobs, finish_reason=finish)
-            )
+        out = [t for _, o, _ in outs for t in o]
         usage = common_pb2.Usage(
             prompt_tokens=len(prompt), completion_tokens=len(out), cached_prompt_tokens=1
         )
@@ -378,11 +397,32 @@ async def test_budget_stop_strings_and_usage_carry_over(stack: Stack) -> None:
     assert moved.finished.completion_tokens == len(stack.answer)
 
 
-async def test_n_above_one_and_structured_output_are_not_moved(stack: Stack) -> None:
+async def test_n_above_one_moves_every_open_sequence(stack: Stack) -> None:
     pipeline = await stack.pipeline({"prefill": 1, "decode": 2})
-    await stack.reset(Fail(1))
-    with pytest.raises(MidStreamError, match="n > 1"):
-        await run(pipeline, stack.spec(n=2))
+    await stack.reset(Fail(2))
+    before = migrations()
+    moved = await run(pipeline, stack.spec(n=2, logprobs=0))
+    assert migrations() - before == 1
+    for index in (0, 1):
+        events = [e for e in moved.events if e.index == index]
+        assert "".join(e.text for e in events) == ANSWER
+        # Logprobs in the answer's positions: nothing repeated or missing across the move.
+        assert [lp.logprob for e in events for lp in e.logprobs] == pytest.approx(
+            [-k / 100 for k in range(len(stack.answer))]
+        )
+    (_, first), (_, again) = stack.script.calls
+    assert first.HasField("handoff") and not again.HasField("handoff")
+    # One request: the prompt as it was, each sequence with the 2 chunks x 2 tokens it had.
+    assert list(again.prompt_token_ids) == stack.prompt and again.sampling.n == 2
+    assert [(s.index, list(s.token_ids)) for s in again.sequences] == [
+        (0, stack.answer[:4]),
+        (1, stack.answer[:4]),
+    ]
+    assert moved.finished is not None and moved.finished.completion_tokens == 2 * len(stack.answer)
+
+
+async def test_structured_output_is_not_moved_once_tokens_were_sent(stack: Stack) -> None:
+    pipeline = await stack.pipeline({"prefill": 1, "decode": 2})
     structured = stack.spec()
     structured.sampling.structured_output.json_object = True
     await stack.reset(Fail(1))
@@ -412,7 +452,8 @@ async def test_before_the_first_token_n_above_one_and_structured_output_move_too
     structured = stack.spec(prompt_logprobs=1, n=2)
     structured.sampling.structured_output.json_object = True
     await stack.reset(Fail(0))
-    assert (await run(pipeline, structured)).text == ANSWER  # the fake answers sequence 0
+    moved = await run(pipeline, structured)
+    assert ["".join(e.text for e in moved.events if e.index == i) for i in (0, 1)] == [ANSWER, ANSWER]
     (_, first), (_, again) = stack.script.calls
     assert again == first  # prompt logprobs and the constraint included: nothing had run
 
