@@ -113,7 +113,9 @@ class MockEngine:
         if image_embeddings or images:
             raise InvalidRequest("the mock engine does not simulate images; send text-only prompts")
         if sequences:
-            raise InvalidRequest("the mock engine does not continue moved n > 1 requests")
+            raise InvalidRequest(
+                "the mock engine does not continue moved requests' sequences (n > 1, structured output)"
+            )
         if self.dead:
             raise EngineUnavailable("the mock engine's core died; this worker cannot serve until restarted")
         spec = sampling_spec(sampling)

@@ -34,6 +34,7 @@ from libs.kvlayout.from_vllm import engine_kv_facts
 from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLimits, SequenceDelta
 from libs.worker.errors import EngineUnavailable, InvalidRequest
 from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
+from libs.worker.vllm_grammar_prefix import GRAMMAR_PREFIX, scheduler_for
 from libs.worker.vllm_outputs import OutputRouter, RequestStream
 from libs.worker.vllm_stats import CapturingStatLogger
 
@@ -174,6 +175,9 @@ class VllmEngine:
             child_params.min_tokens = max(0, child_params.min_tokens - len(tokens))
             if child_params.seed is not None:
                 child_params.seed += index
+            if child_params.structured_outputs is not None:
+                # The grammar continues after what the sequence generated (vllm_grammar_prefix).
+                child_params.extra_args = {**(child_params.extra_args or {}), GRAMMAR_PREFIX: list(tokens)}
             child_prompt = TokensPrompt(prompt, prompt_token_ids=[*prompt["prompt_token_ids"], *tokens])
             requests.append((index, await self._process(f"{index}_{request_id}", child_prompt, child_params)))
         return requests, None
@@ -259,6 +263,10 @@ class _Parts:
     @classmethod
     def start(cls, args: AsyncEngineArgs) -> _Parts:
         vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        scheduling = vllm_config.scheduler_config
+        if scheduling.scheduler_cls is None:
+            # vLLM's scheduler, plus a moved request's grammar started where it was.
+            scheduling.scheduler_cls = scheduler_for(bool(scheduling.async_scheduling))
         configure_logging_if_needed(vllm_config.logging_config)
         maybe_register_config_serialize_by_value()
         renderer = renderer_from_config(vllm_config)

@@ -1,6 +1,7 @@
 """Request migration on a real 1p2d stack (SmolLM2, float32): greedy streams in flight when one
 decode worker is SIGKILLed (its whole process tree) all complete, each with exactly the text
-and token count of an uninterrupted run of the same prompts, and the gateway counts the moves
+and token count of an uninterrupted run of the same prompts, a sampled n = 2 stream on that
+worker completes both sequences to their length, and the gateway counts the moves
 (libs/gateway/serving/migration.py). Two decode workers share the decode core, so the streams are kept
 few and short."""
 
@@ -16,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
+import jsonschema
 import psutil
 import pytest
 
@@ -31,6 +33,27 @@ from tests.e2e.stack import (
 )
 
 MAX_TOKENS = 48
+# The sampled stream's schema: bounded, so each document ends well within its max_tokens, and
+# long enough that it is still being written when the worker is killed.
+FACT = {"type": "string", "minLength": 20, "maxLength": 40}
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "facts": {"type": "array", "items": FACT, "minItems": 4, "maxItems": 4},
+    },
+    "required": ["city", "facts"],
+    "additionalProperties": False,
+}
+CITY_PROMPT = "Give four facts about Paris as JSON."
+SAMPLED: dict[str, object] = {
+    "n": 2,
+    "temperature": 1.0,
+    "seed": 5,
+    "max_tokens": 600,
+    "ignore_eos": False,
+    "structured_outputs": {"json": CITY, "disable_any_whitespace": True},
+}
 # Tokens every stream has received before the kill: well inside MAX_TOKENS, so the killed
 # worker's streams are mid-way.
 KILL_AFTER_TOKENS = 8
@@ -64,6 +87,8 @@ class Stream:
     usage: dict[str, int] = field(default_factory=dict)
     errors: list[dict[str, object]] = field(default_factory=list)
     done: bool = False
+    finishes: dict[int, str] = field(default_factory=dict)  # by choice index (n > 1)
+    texts: dict[int, str] = field(default_factory=dict)
 
 
 def stream_chat(
@@ -97,8 +122,13 @@ def stream_chat(
                 seen.usage = event["usage"]
             for choice in event["choices"]:
                 seen.text += choice["delta"].get("content", "")
+                seen.texts[choice["index"]] = seen.texts.get(choice["index"], "") + choice["delta"].get(
+                    "content", ""
+                )
                 seen.token_events += 1 if choice["delta"].get("content") or choice["finish_reason"] else 0
                 seen.finish_reason = choice["finish_reason"] or seen.finish_reason
+                if choice["finish_reason"]:
+                    seen.finishes[choice["index"]] = choice["finish_reason"]
     return seen
 
 
@@ -164,14 +194,26 @@ def test_streams_on_a_killed_decode_worker_continue_on_the_other_unchanged(
         assert s.usage["completion_tokens"] == MAX_TOKENS, s.usage
 
     migrated_before = metric(base_url, "cleave_gateway_migrations_total")
+    # A sampled n = 2 structured-output stream first, alone, so its worker is known (the one
+    # running its two sequences): that worker is killed, with the greedy streams beside it.
+    sampled = Stream()
+    sampled_thread = threading.Thread(
+        target=stream_chat, args=(base_url, model, CITY_PROMPT, sampled, SAMPLED)
+    )
+    sampled_thread.start()
+    deadline = time.monotonic() + 120
+    while sampled.token_events < 2:
+        assert time.monotonic() < deadline and not sampled.errors, sampled
+        time.sleep(0.05)
+    victim = max((str(w["address"]) for w in decodes), key=running)
     reached = threading.Event()
     killed: list[str] = []
     killed_at: list[float] = []
+    killed_mid_sampled: list[bool] = []
 
     def kill_when_reached() -> None:
         reached.wait(300)
-        # The decode worker running the most of the streams (routing may put all on one).
-        victim = max((str(w["address"]) for w in decodes), key=running)
+        killed_mid_sampled.append(not sampled.done)
         kill_worker(gateway, victim)
         killed.append(victim)
         killed_at.append(time.monotonic())
@@ -180,6 +222,7 @@ def test_streams_on_a_killed_decode_worker_continue_on_the_other_unchanged(
     killer.start()
     moved = run_streams(base_url, model, during=reached)
     killer.join()
+    sampled_thread.join(300)
     finished_after = time.monotonic() - killed_at[0]
     migrated = metric(base_url, "cleave_gateway_migrations_total") - migrated_before
     print(
@@ -192,12 +235,20 @@ def test_streams_on_a_killed_decode_worker_continue_on_the_other_unchanged(
         assert after.usage["completion_tokens"] == MAX_TOKENS
         assert after.usage["prompt_tokens"] == before.usage["prompt_tokens"]
         assert after.text == before.text
-    # The victim had streams in flight: at least one moved (each at most once: one kill).
-    assert 1 <= migrated <= len(PROMPTS)
+    # Both sampled sequences went on to the end of their documents, each valid JSON of the
+    # schema: the new worker's grammar went on from where the killed one's was.
+    assert killed_mid_sampled == [True], "the n = 2 stream ended before the kill"
+    assert sampled.done and not sampled.errors, sampled
+    assert sampled.finishes == {0: "stop", 1: "stop"}, sampled
+    for text in sampled.texts.values():
+        jsonschema.validate(json.loads(text), CITY)
+    # The victim had streams in flight, the n = 2 one among them: each moved at most once.
+    assert 1 <= migrated <= len(PROMPTS) + 1
 
 
-# Structured output cannot move to another worker (migration.py): a drain must let it finish
-# where it is. A schema whose answers outrun MAX_TOKENS, so these streams run to their length.
+# A drain lets every stream finish where it is, structured output included (it could move, but
+# a graceful stop moves nothing). A schema whose answers outrun MAX_TOKENS, so these streams
+# run to their length.
 FACTS = {
     "type": "object",
     "properties": {

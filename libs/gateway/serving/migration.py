@@ -21,8 +21,10 @@ What carries over, and what cannot:
 - vLLM's presence/frequency penalties count generated tokens only: after the move the earlier
   ones are prompt tokens and are no longer penalized (repetition_penalty counts the prompt too
   and is unaffected).
-- Structured output is not migrated: the new worker's grammar would start from scratch on a
-  prompt that ends mid-document, and could produce an invalid one.
+- Structured output moves as n > 1 does (GenerateRequest.sequences, here one sequence): the
+  worker starts the request's grammar after the tokens already sent (vLLM cannot, so its
+  scheduler gets a hook for it: libs/worker/vllm_grammar_prefix.py), so greedy output is the
+  uninterrupted run's and the document stays valid. The mock engine refuses it.
 - n > 1 moves as one request (`sequences_request`): the worker runs each sequence still open
   from the prompt plus that sequence's tokens, its budget less them, under its own index
   (GenerateRequest.sequences), so the client's stream goes on for every sequence and the
@@ -162,7 +164,10 @@ class Migration:
             reason, why = refusal
             metrics.MIGRATIONS_REFUSED.labels(reason).inc()
             raise MigrationRefused(f"{failure}; not continued on another worker: {why}")
-        if (self._original.sampling.n or 1) > 1 and self.sent:
+        structured = self._original.sampling.structured_output.WhichOneof("kind") is not None
+        if ((self._original.sampling.n or 1) > 1 or structured) and self.sent:
+            # The worker needs each sequence's tokens apart from the prompt: to run them as
+            # several sequences, and to start a grammar after them.
             return Plan(
                 roles[0],
                 sequences_request(self._original, {i: self._generated.get(i, []) for i in still_open}),
@@ -194,8 +199,6 @@ class Migration:
             return "images", "requests with images prefilled elsewhere are not migrated"
         if not self.sent:
             return None  # nothing reached the client: the request runs again from its start
-        if sampling.structured_output.WhichOneof("kind") is not None:
-            return "structured_output", "requests with structured output are not migrated"
         longest = max((len(self._generated.get(i, ())) for i in still_open), default=0)
         if sampling.HasField("max_tokens") and longest >= sampling.max_tokens:
             # The worker sent every token but not the finish: nothing is left to generate.

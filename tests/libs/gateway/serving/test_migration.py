@@ -421,13 +421,18 @@ async def test_n_above_one_moves_every_open_sequence(stack: Stack) -> None:
     assert moved.finished is not None and moved.finished.completion_tokens == 2 * len(stack.answer)
 
 
-async def test_structured_output_is_not_moved_once_tokens_were_sent(stack: Stack) -> None:
+async def test_structured_output_moves_with_its_tokens_apart_for_the_grammar(stack: Stack) -> None:
     pipeline = await stack.pipeline({"prefill": 1, "decode": 2})
     structured = stack.spec()
     structured.sampling.structured_output.json_object = True
     await stack.reset(Fail(1))
-    with pytest.raises(MidStreamError, match="structured output"):
-        await run(pipeline, structured)
+    moved = await run(pipeline, structured)
+    assert moved.text == ANSWER
+    (_, _), (_, again) = stack.script.calls
+    # The prompt as it was, and the sequence's tokens apart: the worker starts the grammar
+    # after them (libs/worker/vllm_grammar_prefix.py).
+    assert list(again.prompt_token_ids) == stack.prompt and again.sampling.structured_output.json_object
+    assert [(s.index, list(s.token_ids)) for s in again.sequences] == [(0, stack.answer[:2])]
 
 
 @pytest.mark.parametrize("how", ["unavailable", "close", "engine_stopped"])
