@@ -21,6 +21,7 @@ import jsonschema
 import psutil
 import pytest
 
+from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.groups import DEFAULT_SHUTDOWN_GRACE_S
 from tests.e2e.harness import Service
@@ -244,6 +245,45 @@ def test_streams_on_a_killed_decode_worker_continue_on_the_other_unchanged(
         jsonschema.validate(json.loads(text), CITY)
     # The victim had streams in flight, the n = 2 one among them: each moved at most once.
     assert 1 <= migrated <= len(PROMPTS) + 1
+
+
+def generate(address: str, request: worker_pb2.GenerateRequest) -> list[int]:
+    """A worker's Generate stream, called directly: the tokens it sent."""
+    tokens: list[int] = []
+    with stack_blocking_channel(address) as channel:
+        for response in worker_pb2_grpc.WorkerStub(channel).Generate(request, timeout=120):
+            assert response.WhichOneof("kind") != "error", response
+            tokens.extend(response.chunk.token_ids)
+    return tokens
+
+
+def test_a_moved_greedy_json_schema_request_continues_with_the_uninterrupted_tokens(
+    stack: tuple[Service, str],
+) -> None:
+    """The worker side of a structured-output move, on a real engine: a request continued from
+    the first k tokens of an uninterrupted greedy run (GenerateRequest.sequences) sends exactly
+    the rest of that run, and the whole is a valid document: the grammar went on where it was
+    (libs/worker/vllm_grammar_prefix.py), it did not start over after the moved tokens."""
+    _, base_url = stack
+    model = served_model(base_url)
+    (worker,) = [str(w["address"]) for w in decode_workers(base_url) if w["healthy"]][:1]
+    messages = [{"role": "user", "content": CITY_PROMPT}]
+    prompt = httpx.post(
+        f"{base_url}/tokenize", json={"model": model, "messages": messages}, timeout=30
+    ).json()
+    sampling = common_pb2.SamplingParams(max_tokens=200, temperature=0)
+    sampling.structured_output.json_schema = json.dumps(CITY)
+    sampling.structured_output.disable_any_whitespace = True
+    request = worker_pb2.GenerateRequest(prompt_token_ids=prompt["tokens"], sampling=sampling)
+    whole = generate(worker, request)
+    cut = len(whole) // 3
+    request.sequences.add(index=0, token_ids=whole[:cut])
+    rest = generate(worker, request)
+    assert rest == whole[cut:], (cut, whole, rest)
+    text = httpx.post(f"{base_url}/detokenize", json={"model": model, "tokens": whole}, timeout=30).json()[
+        "prompt"
+    ]
+    jsonschema.validate(json.loads(text[: text.rindex("}") + 1]), CITY)  # less the end-of-turn token
 
 
 # A drain lets every stream finish where it is, structured output included (it could move, but
