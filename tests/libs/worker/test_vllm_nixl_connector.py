@@ -1,4 +1,6 @@
+import os
 import sys
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -7,7 +9,12 @@ import pytest
 from libs.config.roles import Role
 from libs.worker.config import WorkerConfig
 from libs.worker.engine_args import engine_kwargs
-from libs.worker.vllm_nixl_connector import NixlConnector, set_progress_delay
+from libs.worker.vllm_nixl_connector import (
+    NixlConnector,
+    keep_threads_on,
+    set_progress_delay,
+    threads_kept_on_their_cores,
+)
 
 
 class _FakeBindings:
@@ -50,3 +57,37 @@ def test_agents_created_after_the_patch_get_the_delay(monkeypatch: pytest.Monkey
     assert agent == "agent:a"
     assert fake.created == [("a", 250), ("b", 40)]
     assert api.nixlBind.DRAM_SEG == 7  # everything else passes through
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin a thread elsewhere")
+def test_threads_pinned_outside_the_engines_cores_are_moved_back() -> None:
+    """What vLLM's NIXL worker does on CPU (it pins the calling thread to the last core of each
+    NUMA node), undone: the calling thread and a thread it started pinned elsewhere."""
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    original = os.sched_getaffinity(0)
+    pinned = threading.Event()
+    release = threading.Event()
+    seen: dict[str, set[int]] = {}
+
+    def helper() -> None:
+        pinned.set()
+        release.wait(10)
+        seen["helper"] = os.sched_getaffinity(0)
+
+    os.sched_setaffinity(0, {first})
+    try:
+        with threads_kept_on_their_cores():
+            os.sched_setaffinity(0, {second})  # as NixlConnectorWorker does
+            thread = threading.Thread(target=helper)  # inherits {second}, as NIXL's threads do
+            thread.start()
+            pinned.wait(10)
+        release.set()
+        thread.join(10)
+        assert os.sched_getaffinity(0) == {first}
+        assert seen["helper"] == {first}
+    finally:
+        os.sched_setaffinity(0, original)
+
+
+def test_threads_already_on_their_cores_are_left_alone() -> None:
+    assert keep_threads_on(os.sched_getaffinity(0)) == []
