@@ -10,12 +10,15 @@ from collections.abc import Iterator
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from tests.e2e.harness import Service
 from tests.e2e.stack import stack_blocking_channel, start_gateway_stack, stop_gateway_stack
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+STACKS: dict[str, Service] = {}  # base URL -> its gateway process
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +27,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # the colocated stack: ./bazel test //tests/e2e:test_gateway --test_env=CLEAVE_E2E_MODE=pd
     mode = os.environ.get("CLEAVE_E2E_MODE", "1p1d")
     service, base_url = start_gateway_stack(mode, tmp_path_factory.mktemp("cache"))
+    STACKS[base_url] = service
     try:
         yield base_url
     finally:
@@ -278,3 +282,35 @@ def test_models_health_and_metrics(gateway: str) -> None:
     assert httpx.get(f"{gateway}/health").json()["status"] == "ok"
     metrics = httpx.get(f"{gateway}/metrics").text
     assert "cleave_gateway_ttft_seconds_count" in metrics
+
+
+def cores_of(device_group: str) -> set[int]:
+    """'0,2-3' -> {0, 2, 3}"""
+    cores: set[int] = set()
+    for part in device_group.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def test_every_thread_of_a_worker_runs_on_its_device_group(gateway: str) -> None:
+    """The local stack gives each worker its own cores (--device-group); none of the threads of
+    the worker, its vLLM EngineCore or vLLM's worker process may run elsewhere. vLLM's NIXL
+    worker pins its creating thread, the engine's OpenMP master, to the last core of the
+    NUMA node: in 1p1d on two cores the prefill engine then ran on the decode worker's core
+    (libs/worker/vllm_nixl_connector.py)."""
+    checked = 0
+    for worker in psutil.Process(STACKS[gateway].process.pid).children():
+        cmdline = worker.cmdline()
+        if "services.worker.main" not in cmdline or "--device-group" not in cmdline:
+            continue
+        group = cores_of(cmdline[cmdline.index("--device-group") + 1])
+        for process in [worker, *worker.children(recursive=True)]:
+            for thread in process.threads():
+                try:
+                    cores = os.sched_getaffinity(thread.id)
+                except ProcessLookupError:
+                    continue  # ended meanwhile
+                assert cores <= group, f"{process.name()} thread {thread.id} may run on {sorted(cores)}, not {group}"
+                checked += 1
+    assert checked, "no worker of the stack has a --device-group"
