@@ -2,9 +2,11 @@
 grid of batch sizes, contexts and prefill lengths, and fit the mock's formula to it.
 
 ./bazel run //tools/bench:calibrate_mock -- --cores 1,2 --out-dir /tmp/calibration \
-    [--write-profile libs/mockengine/profiles/cpu-smollm2.json]
+    [--write-profile libs/mockengine/profiles/cpu-smollm2.json] [--method served|offline]
 
-For each core count N, a child process runs the Cleave worker's own engine (vLLM with the
+--method served (the default) times the steps through the real serving stack and also fits the
+KV handoff (tools/bench/calibrate_served.py says how and why). --method offline, below:
+for each core count N, a child process runs the Cleave worker's own engine (vLLM with the
 worker's engine arguments and environment for a device group of N cores, the process pinned to
 them as services/worker does) and times, with fresh random prompts (no prefix-cache hits):
 
@@ -52,6 +54,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timings per point (median)")
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--write-profile", type=Path, help="a profile JSON whose coefficients to replace")
+    parser.add_argument(
+        "--method", choices=("served", "offline"), default="served", help="served stacks or the engine alone"
+    )
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)  # child: cores to measure on
     return parser.parse_args(argv)
 
@@ -209,11 +214,19 @@ def report(results: list[dict[str, Any]], cpu: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_profile(path: Path, results: list[dict[str, Any]], cpu: dict[str, Any]) -> None:
-    data = json.loads(path.read_text())
+def with_coefficients(data: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
     by_cores = {str(r["cores"]): {**r["coefficients"], "calibrated": True} for r in results}
-    data["coefficients_by_cores"] = by_cores
-    data["coefficients"] = by_cores[str(max(r["cores"] for r in results))]
+    return {
+        **data,
+        "coefficients_by_cores": by_cores,
+        "coefficients": by_cores[str(max(r["cores"] for r in results))],
+    }
+
+
+def write_profile(
+    path: Path, results: list[dict[str, Any]], cpu: dict[str, Any], handoff: dict[str, Any] | None = None
+) -> None:
+    data = with_coefficients(json.loads(path.read_text()), results)
     worst = {
         str(r["cores"]): max(
             abs(predicted(r["coefficients"], p["shape"]) / p["seconds"] - 1) for p in r["points"]
@@ -223,13 +236,61 @@ def write_profile(path: Path, results: list[dict[str, Any]], cpu: dict[str, Any]
     data["calibration"] = [
         f"Calibrated {datetime.now(UTC):%Y-%m-%d} by tools/bench/calibrate_mock.py on {cpu['model']}"
         f" (flags: {', '.join(cpu['flags'])}; {cpu['cores']} cores; kernel {cpu['kernel']}).",
-        "Each core count: the worker's own engine (vLLM, its engine arguments, pinned to the device group),"
-        " decode steps over batches x contexts and one-step prefills, medians of repeated timings;"
-        " coefficients fitted by non-negative least squares.",
+        METHOD_TEXT[results[0].get("method", "offline")],
         "Largest relative error of a fitted point, by cores: "
         + ", ".join(f"{cores}: {error * 100:.0f}%" for cores, error in worst.items()),
     ]
+    if handoff is not None:
+        data["kv_transfer"] = handoff["transfer"]
+        data["calibration"].append(
+            "kv_transfer: fitted to the 1p1d stack's TTFT less a mock 1p1d's with the fitted steps and an"
+            " instant transfer, at each prefill length: "
+            + ", ".join(f"{p['length']} tokens {p['seconds'] * 1e3:.1f} ms" for p in handoff["points"])
+        )
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+METHOD_TEXT = {
+    "offline": "Each core count: the worker's own engine (vLLM, its engine arguments, pinned to the device group),"
+    " decode steps over batches x contexts and one-step prefills, medians of repeated timings;"
+    " coefficients fitted by non-negative least squares.",
+    "served": "Each core count: a pd stack (gateway, tokenizer, worker) with the worker on that many cores;"
+    " decode steps are the median inter-token gap of B streams decoding together, prefill steps the median"
+    " TTFT less the TTFT of the same stack on the zero profile (tools/bench/calibrate_served.py);"
+    " coefficients fitted by non-negative least squares.",
+}
+
+
+def served(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Steps per core count, then the handoff, through the real serving stacks."""
+    from libs.mockengine.profiles import PROFILES_DIR
+    from libs.models.resolve import resolve_model
+    from tools.bench.calibrate_served import Grid, measure_handoff, measure_served
+    from tools.bench.systems.catalog import ServingSettings
+
+    model = resolve_model(args.model, Path.home() / ".cache" / "cleave" / "models", progress=True)
+    settings = ServingSettings(model_path=model.path, cores=tuple(sorted(os.sched_getaffinity(0))))
+    grid = Grid(
+        batches=tuple(b for b in _ints(args.batches) if b <= settings.max_num_seqs),
+        contexts=tuple(_ints(args.contexts)),
+        prefills=tuple(n for n in _ints(args.prefills) if n + 2 <= settings.max_model_len),
+        repeats=args.repeats,
+    )
+    results = []
+    for cores in _ints(args.cores):
+        result = measure_served(cores, settings, grid, args.out_dir / "logs")
+        result["coefficients"] = fit(result["points"])
+        results.append(result)
+    base = json.loads((args.write_profile or PROFILES_DIR / "cpu-smollm2.json").read_text())
+    model_facts = base["model"]
+    per_token = (
+        2 * model_facts["num_layers"] * model_facts["num_kv_heads"] * model_facts["head_dim"]
+        * model_facts["kv_bytes_per_element"]
+    )  # fmt: skip
+    handoff = measure_handoff(
+        settings, grid, with_coefficients(base, results), per_token, args.out_dir / "logs"
+    )
+    return results, handoff
 
 
 def main(argv: Sequence[str]) -> int:
@@ -240,7 +301,10 @@ def main(argv: Sequence[str]) -> int:
         (args.out_dir / f"points-{args.measure}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
     results = []
-    for cores in _ints(args.cores):
+    handoff = None
+    if args.method == "served":
+        results, handoff = served(args)
+    for cores in _ints(args.cores) if args.method == "offline" else ():
         child = [sys.executable, "-m", "tools.bench.calibrate_mock", *argv, "--measure", str(cores)]
         subprocess.run(child, check=True)
         result = json.loads((args.out_dir / f"points-{cores}.json").read_text())
@@ -248,13 +312,15 @@ def main(argv: Sequence[str]) -> int:
         results.append(result)
     cpu = cpu_facts()
     (args.out_dir / "calibration.json").write_text(
-        json.dumps({"cpu": cpu, "results": results}, indent=2) + "\n"
+        json.dumps({"cpu": cpu, "results": results, "handoff": handoff}, indent=2) + "\n"
     )
     text = report(results, cpu)
+    if handoff is not None:
+        text += "\n## KV handoff (1p1d)\n\n" + json.dumps(handoff, indent=2) + "\n"
     (args.out_dir / "calibration.md").write_text(text)
     print(text)
     if args.write_profile is not None:
-        write_profile(args.write_profile, results, cpu)
+        write_profile(args.write_profile, results, cpu, handoff)
         print(f"wrote the coefficients into {args.write_profile}")
     return 0
 

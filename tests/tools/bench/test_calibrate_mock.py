@@ -3,11 +3,14 @@ points they predict, and a coefficient the data would make negative is held at 0
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tools.bench.calibrate_mock import FEATURES, fit, predicted
+from libs.mockengine.profiles import PROFILES_DIR, load_profile
+from tools.bench.calibrate_mock import FEATURES, fit, predicted, write_profile
+from tools.bench.calibrate_served import fit_transfer
 
 TRUE = {
     "base_s": 0.018,
@@ -42,3 +45,36 @@ def test_a_coefficient_the_data_makes_negative_is_held_at_zero() -> None:
     fitted = fit(points)
     assert fitted["per_context_token_s"] == 0.0
     assert all(value >= 0 for value in fitted.values())
+
+
+def test_the_handoff_fit_recovers_latency_and_bandwidth() -> None:
+    points = [{"bytes": b, "seconds": 0.05 + b / 2e8} for b in (7e5, 3e6, 1.2e7, 4.6e7)]
+    transfer = fit_transfer(points)
+    assert transfer["latency_s"] == pytest.approx(0.05, rel=1e-6)
+    assert transfer["bandwidth_bytes_per_s"] == pytest.approx(2e8, rel=1e-6)
+
+
+def test_a_handoff_that_does_not_grow_with_bytes_is_a_latency_alone() -> None:
+    points = [{"bytes": b, "seconds": s} for b, s in ((1e6, 0.03), (1e7, 0.02), (4e7, 0.01))]
+    assert fit_transfer(points) == {"latency_s": pytest.approx(0.02), "bandwidth_bytes_per_s": 0.0}
+
+
+def test_a_served_calibration_writes_a_profile_the_mock_loads(tmp_path: Path) -> None:
+    source = PROFILES_DIR / "cpu-smollm2.json"
+    path = tmp_path / "profile.json"
+    path.write_text(source.read_text())
+    results = [
+        {"cores": cores, "method": "served", "points": grid(TRUE), "coefficients": fit(grid(TRUE))}
+        for cores in (1, 2)
+    ]
+    handoff = {
+        "points": [{"length": 32, "seconds": 0.06}, {"length": 512, "seconds": 0.09}],
+        "transfer": {"latency_s": 0.05, "bandwidth_bytes_per_s": 4e8},
+    }
+    cpu = {"model": "a CPU", "flags": ["avx2"], "cores": 2, "kernel": "6"}
+    write_profile(path, results, cpu, handoff)
+
+    profile = load_profile(str(path))
+    assert profile.kv_transfer.latency_s == 0.05 and profile.kv_transfer.bandwidth_bytes_per_s == 4e8
+    assert profile.coefficients_for(1).base_s == pytest.approx(TRUE["base_s"])
+    assert "pd stack" in profile.calibration and "32 tokens 60.0 ms" in profile.calibration

@@ -122,6 +122,9 @@ class ServingSettings:
     # None: vLLM's own NixlConnector as shipped (its NIXL progress thread busy-polls a core).
     # A number: Cleave's NixlConnector subclass with this poll interval, as Cleave's workers use.
     vllm_pd_progress_delay_us: int | None = None
+    # A profile (name or path) for every mock system instead of its own: the served
+    # calibration (tools/bench/calibrate_served.py) runs a mock stack on coefficients it fitted.
+    mock_profile: str | None = None
 
     def __post_init__(self) -> None:
         if not self.cores:
@@ -351,10 +354,9 @@ def _plan_cleave(settings: ServingSettings, ports: PortSource, name: str) -> Sys
             " or long ones while prefill is backed up, prefill on the decode worker)"
         )
     if name in _MOCK_PROFILES:
-        config = replace(
-            config, engine=EngineKind.MOCK, mock_profile=_MOCK_PROFILES[name], mock_startup_s=0.0
-        )
-        description += f"; every worker on the mock engine (profile {_MOCK_PROFILES[name]}, simulated)"
+        profile = settings.mock_profile or _MOCK_PROFILES[name]
+        config = replace(config, engine=EngineKind.MOCK, mock_profile=profile, mock_startup_s=0.0)
+        description += f"; every worker on the mock engine (profile {profile}, simulated)"
     if name in _PER_REQUEST_STREAMS:
         config = replace(config, worker_streams="per-request")
         description += "; a Generate call per request (--worker-streams per-request)"
