@@ -311,6 +311,8 @@ def test_every_thread_of_a_worker_runs_on_its_device_group(gateway: str) -> None
                     cores = os.sched_getaffinity(thread.id)
                 except ProcessLookupError:
                     continue  # ended meanwhile
-                assert cores <= group, f"{process.name()} thread {thread.id} may run on {sorted(cores)}, not {group}"
+                assert cores <= group, (
+                    f"{process.name()} thread {thread.id} may run on {sorted(cores)}, not {group}"
+                )
                 checked += 1
     assert checked, "no worker of the stack has a --device-group"

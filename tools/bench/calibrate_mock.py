@@ -300,8 +300,8 @@ def main(argv: Sequence[str]) -> int:
         result = measure(args, args.measure)
         (args.out_dir / f"points-{args.measure}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
-    results = []
-    handoff = None
+    results: list[dict[str, Any]] = []
+    handoff: dict[str, Any] | None = None
     if args.method == "served":
         results, handoff = served(args)
     for cores in _ints(args.cores) if args.method == "offline" else ():

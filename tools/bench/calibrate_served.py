@@ -185,7 +185,9 @@ def measure_handoff(
     path.write_text(json.dumps(instant, indent=2) + "\n")
     rng = random.Random(7)
     real = _ttfts("cleave-1p1d", settings, grid, log_dir / "handoff", rng)
-    mock = _ttfts("cleave-1p1d-mock", replace(settings, mock_profile=str(path)), grid, log_dir / "handoff", rng)
+    mock = _ttfts(
+        "cleave-1p1d-mock", replace(settings, mock_profile=str(path)), grid, log_dir / "handoff", rng
+    )
     points = [
         {"length": n, "bytes": n * kv_bytes_per_token, "seconds": real[n] - mock[n], "ttft_real_s": real[n]}
         for n in grid.prefills
