@@ -269,7 +269,10 @@ def _plan_vllm_pd(settings: ServingSettings, ports: PortSource) -> SystemPlan:
     connector = (
         "vLLM's NixlConnector"
         if settings.vllm_pd_progress_delay_us is None
-        else f"Cleave's NixlConnector subclass (NIXL poll {settings.vllm_pd_progress_delay_us} us)"
+        else (
+            f"Cleave's NixlConnector subclass (NIXL poll {settings.vllm_pd_progress_delay_us} us,"
+            " each engine's threads kept on its cores)"
+        )
     )
     return SystemPlan(
         "vllm-pd",
