@@ -25,10 +25,11 @@ a worker belongs to its device group, so the connector puts back the cores its t
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator, Set
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,35 +72,51 @@ def _thread_ids() -> list[int]:
     return [int(name) for name in os.listdir("/proc/self/task")]
 
 
-def keep_threads_on(cores: Set[int]) -> list[int]:
-    """Move every thread of this process that may run outside `cores` back onto them; the
-    ids of the threads moved."""
-    moved = []
+def thread_cores() -> dict[int, set[int]]:
+    """Each thread of this process and the cores it may run on."""
+    found = {}
     for thread_id in _thread_ids():
         try:
-            if not os.sched_getaffinity(thread_id) <= cores:
-                os.sched_setaffinity(thread_id, cores)
-                moved.append(thread_id)
+            found[thread_id] = os.sched_getaffinity(thread_id)
+        except ProcessLookupError:
+            continue  # ended meanwhile
+    return found
+
+
+def put_back(before: dict[int, set[int]]) -> list[int]:
+    """Undo what was pinned since `before` was taken: a thread that existed then gets its cores
+    back (OpenMP's threads are each bound to one core of the team's); a thread started since
+    that may run outside the cores the process's threads had is confined to them. The ids of
+    the threads moved."""
+    cores = set().union(*before.values())
+    moved = []
+    for thread_id, now in thread_cores().items():
+        wanted = before.get(thread_id, now if now <= cores else cores)
+        if now == wanted:
+            continue
+        try:
+            os.sched_setaffinity(thread_id, wanted)
+            moved.append(thread_id)
         except (ProcessLookupError, PermissionError):
-            continue  # the thread ended meanwhile, or is not ours to move
+            continue  # ended meanwhile, or not ours to move
     return moved
 
 
 @contextmanager
 def threads_kept_on_their_cores() -> Iterator[None]:
-    """Whatever the body pins, this process's threads end on the cores the calling thread had."""
-    cores = os.sched_getaffinity(0)
+    """Whatever the body pins, this process's threads end on the cores they had before it."""
+    before = thread_cores()
     try:
         yield
     finally:
-        moved = keep_threads_on(cores)
+        moved = put_back(before)
         if moved:
-            from vllm.logger import init_logger
-
-            init_logger(__name__).info(
-                "NIXL's worker pinned %d thread(s) outside this engine's cores; moved back to %s",
+            # Under vLLM's logger: in vLLM's engine processes only its handler is set up.
+            logging.getLogger(f"vllm.{__name__}").info(
+                "NIXL's worker had pinned %d thread(s) of this engine off their cores; put back"
+                " (this engine's threads run on %s)",
                 len(moved),
-                sorted(cores),
+                sorted(set().union(*before.values())),
             )
 
 

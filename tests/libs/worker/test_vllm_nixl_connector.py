@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 import threading
@@ -11,8 +12,9 @@ from libs.worker.config import WorkerConfig
 from libs.worker.engine_args import engine_kwargs
 from libs.worker.vllm_nixl_connector import (
     NixlConnector,
-    keep_threads_on,
+    put_back,
     set_progress_delay,
+    thread_cores,
     threads_kept_on_their_cores,
 )
 
@@ -59,35 +61,74 @@ def test_agents_created_after_the_patch_get_the_delay(monkeypatch: pytest.Monkey
     assert api.nixlBind.DRAM_SEG == 7  # everything else passes through
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin a thread elsewhere")
-def test_threads_pinned_outside_the_engines_cores_are_moved_back() -> None:
+TWO_CORES = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin threads apart"
+)
+
+
+@TWO_CORES
+def test_the_pinned_thread_gets_its_core_back_and_an_openmp_team_keeps_its_cores() -> None:
     """What vLLM's NIXL worker does on CPU (it pins the calling thread to the last core of each
-    NUMA node), undone: the calling thread and a thread it started pinned elsewhere."""
+    NUMA node), undone: the calling thread (OpenMP's master) gets its own core back, and a
+    thread bound to the team's other core keeps it (confining every thread to the caller's
+    cores would put a two-core team on one core)."""
     first, second = sorted(os.sched_getaffinity(0))[:2]
     original = os.sched_getaffinity(0)
-    pinned = threading.Event()
-    release = threading.Event()
+    bound, release = threading.Event(), threading.Event()
     seen: dict[str, set[int]] = {}
 
-    def helper() -> None:
-        pinned.set()
+    def team_thread() -> None:
+        os.sched_setaffinity(0, {second})
+        bound.set()
         release.wait(10)
-        seen["helper"] = os.sched_getaffinity(0)
+        seen["team"] = os.sched_getaffinity(0)
 
     os.sched_setaffinity(0, {first})
+    team = threading.Thread(target=team_thread)
+    team.start()
+    bound.wait(10)
     try:
         with threads_kept_on_their_cores():
             os.sched_setaffinity(0, {second})  # as NixlConnectorWorker does
-            thread = threading.Thread(target=helper)  # inherits {second}, as NIXL's threads do
-            thread.start()
-            pinned.wait(10)
         release.set()
-        thread.join(10)
+        team.join(10)
         assert os.sched_getaffinity(0) == {first}
-        assert seen["helper"] == {first}
+        assert seen["team"] == {second}
     finally:
+        release.set()
         os.sched_setaffinity(0, original)
 
 
-def test_threads_already_on_their_cores_are_left_alone() -> None:
-    assert keep_threads_on(os.sched_getaffinity(0)) == []
+@TWO_CORES
+def test_a_thread_started_meanwhile_is_confined_to_the_cores_the_threads_had() -> None:
+    """NIXL's own threads start inside the connector and inherit its pin."""
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    original = thread_cores()
+    started, release = threading.Event(), threading.Event()
+    seen: dict[str, set[int]] = {}
+
+    def nixl_thread() -> None:
+        os.sched_setaffinity(0, {second})
+        started.set()
+        release.wait(10)
+        seen["nixl"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=nixl_thread)
+    thread.start()
+    started.wait(10)
+    try:
+        # Every thread there before had {first} (the engine's device group).
+        moved = put_back({thread_id: {first} for thread_id in original})
+        release.set()
+        thread.join(10)
+        assert seen["nixl"] == {first}
+        assert thread.native_id in moved
+    finally:
+        release.set()
+        for thread_id, cores in original.items():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(thread_id, cores)
+
+
+def test_threads_nobody_pinned_are_left_alone() -> None:
+    assert put_back(thread_cores()) == []
