@@ -36,6 +36,20 @@ from tools.deploy_secrets.pki import SERVER_NAME
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def one_event_loop() -> None:
+    """Keeps anyio's event loop open across this module's tests. With a loop per test, gRPC's aio
+    poller can hand a late event of a server a test stopped to that test's loop after it
+    closed, failing the next test with "Event loop is closed" (seen once in a CI rehearsal on
+    2026-12-06, in the rotation test's second case). anyio keeps its runner, and so its loop,
+    while a fixture of a wider scope set up through it is alive."""
+
+
 class Info(worker_pb2_grpc.WorkerServicer):
     async def GetInfo(
         self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
@@ -101,6 +115,7 @@ def test_written_once_private_and_kept(tmp_path: Path) -> None:
     assert not (compose / CA_KEY).exists()
 
 
+@pytest.mark.usefixtures("one_event_loop")
 async def test_mtls_and_the_token_admit_the_deployment_and_nobody_else(tmp_path: Path) -> None:
     folder = tmp_path / "prod"
     Secrets(folder).ensure()
@@ -114,6 +129,7 @@ async def test_mtls_and_the_token_admit_the_deployment_and_nobody_else(tmp_path:
     assert await call(folder, security(other)) == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.usefixtures("one_event_loop")
 @pytest.mark.parametrize("what", ["token", "ca"])
 async def test_each_rotation_step_keeps_rolled_and_unrolled_services_talking(
     tmp_path: Path, what: str
