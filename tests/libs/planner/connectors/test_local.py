@@ -10,7 +10,7 @@ import pytest
 
 from libs.config.roles import Role
 from libs.gateway.fleet.pool import WorkerPool
-from libs.planner.connectors.local import LocalConnector
+from libs.planner.connectors.local import LocalConnector, Phase
 from libs.planner.state import Counts
 from libs.stack.launcher import LocalStack
 
@@ -105,7 +105,9 @@ async def test_a_removed_worker_is_retired_first_and_stopped_only_when_its_reque
     await asyncio.sleep(0.1)
     assert not service.stopped  # its request is still running
     new.admitted = 0
-    await until(lambda: service.stopped)
+    # The stop runs in a thread: wait for the connector to have seen it end, not only the fake.
+    await until(lambda: managed.phase is Phase.GONE)
+    assert service.stopped
     assert service not in stack.services  # out of the stack: never restarted
     assert (await connector.state()).retiring[Role.DECODE] == 0
     whats = [what for _, name, what in connector.events if name == "decode-1"]
