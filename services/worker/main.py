@@ -152,6 +152,12 @@ def pin_to_cores(config: WorkerConfig) -> None:
         os.sched_setaffinity(0, cores)
 
 
+# A dead engine serves nothing: calls still open (the gateway's GenerateMany stream stays open
+# for the worker's life) can only fail, so they get a moment to see UNAVAILABLE, not the
+# drain's grace (with it, a worker whose engine died took 25 s to exit, and its restart waited).
+ENGINE_DEATH_GRACE_S = 1.0
+
+
 async def serve(
     server: GrpcServer,
     load: Callable[[], Awaitable[None]],
@@ -161,7 +167,7 @@ async def serve(
     """Serves until SIGINT/SIGTERM (returns 0; `drain` finishes or hands off the running
     requests first, within --shutdown-grace-s: libs/worker/drain.py) or until the engine, once
     loaded, dies: then the server stops (health NOT_SERVING first, in-flight calls, which fail
-    with UNAVAILABLE, get the grace period) and this returns EXIT_ENGINE_DIED. A worker whose
+    with UNAVAILABLE, get ENGINE_DEATH_GRACE_S) and this returns EXIT_ENGINE_DIED. A worker whose
     engine is gone would otherwise answer health checks and stats forever and serve nothing."""
     loaded = asyncio.Event()
 
@@ -185,7 +191,7 @@ async def serve(
     serving.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await serving
-    await server.stop()
+    await server.stop(grace_s=ENGINE_DEATH_GRACE_S)
     log.error("stopped: the engine died", exit_code=EXIT_ENGINE_DIED)
     return EXIT_ENGINE_DIED
 

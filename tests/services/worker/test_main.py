@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -16,11 +17,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from structlog.testing import capture_logs
 
+from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.errors import ConfigError
 from libs.config.roles import Role
-from libs.rpc.server import GrpcServer, ServerConfig
+from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding
 from libs.worker.config import WorkerConfig
 from services.worker.main import (
+    ENGINE_DEATH_GRACE_S,
     EXIT_ENGINE_DIED,
     fitted_max_model_len,
     pin_to_cores,
@@ -111,6 +114,48 @@ async def test_an_engine_that_dies_stops_the_server_and_exits_non_zero() -> None
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await health(server.address)  # stopped: nothing answers on its port any more
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+class _StreamHeldOpen(worker_pb2_grpc.WorkerServicer):
+    """GenerateMany as the gateway holds it: open for the worker's whole life."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+
+    async def GenerateMany(self, request_iterator: Any, context: Any) -> Any:  # gRPC's name
+        self.opened.set()
+        await asyncio.Event().wait()
+        yield worker_pb2.GenerateManyResponse()  # never reached: makes this a stream handler
+
+
+@pytest.mark.anyio
+async def test_a_call_left_open_does_not_hold_a_dead_engines_worker_for_the_grace() -> None:
+    # With the drain's 25 s grace the gateway's open GenerateMany stream held the exit, and so
+    # the worker's restart, that long.
+    servicer = _StreamHeldOpen()
+    binding = ServiceBinding(
+        "cleave.worker.v1.Worker", servicer, worker_pb2_grpc.add_WorkerServicer_to_server
+    )
+    server = GrpcServer(ServerConfig(shutdown_grace_s=25.0), [binding])
+    died = asyncio.Event()
+    loaded = asyncio.Event()
+
+    async def load() -> None:
+        loaded.set()
+
+    async def engine_dead() -> None:
+        await died.wait()
+
+    serving = asyncio.create_task(serve(server, load, engine_dead))
+    await loaded.wait()
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stream = worker_pb2_grpc.WorkerStub(channel).GenerateMany()
+        await servicer.opened.wait()
+        started = asyncio.get_running_loop().time()
+        died.set()
+        assert await asyncio.wait_for(serving, timeout=60) == EXIT_ENGINE_DIED
+        assert asyncio.get_running_loop().time() - started < ENGINE_DEATH_GRACE_S + 4
+        stream.cancel()
 
 
 @pytest.mark.anyio
