@@ -226,6 +226,8 @@ class WorkerPool:
 
         def heard(serving: bool) -> None:
             if endpoint.set_serving(serving):
+                if serving:
+                    endpoint.breaker.serving_again()
                 log.info(
                     "worker serving"
                     if serving

@@ -185,3 +185,32 @@ def test_state_and_transitions_are_metrics() -> None:
     b.poll_succeeded()
     assert state() == 0 and transitions("closed") == 1
     assert seen == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.CLOSED]
+
+
+def test_a_worker_serving_again_is_probed_at_once_not_after_its_grown_cool_down() -> None:
+    """A restarting worker's polls fail until it has loaded, each opening the breaker for
+    twice as long; once its health says SERVING it is probed at once."""
+    clock = Clock()
+    b = breaker(clock, failures_to_open=1)
+    for _ in range(4):  # 5, 10, 20, 40 s cool-downs while it restarts
+        b.poll_failed("UNAVAILABLE")
+        clock.now += b.cooldown_s
+        assert state_of(b) is BreakerState.HALF_OPEN
+    b.poll_failed("UNAVAILABLE")
+    assert state_of(b) is BreakerState.OPEN and b.cooldown_s == 60.0
+    b.serving_again()
+    assert state_of(b) is BreakerState.HALF_OPEN and b.available()
+    b.poll_succeeded()
+    assert state_of(b) is BreakerState.CLOSED
+
+
+def test_serving_again_does_not_reopen_or_close_a_breaker() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    b.serving_again()
+    assert state_of(b) is BreakerState.CLOSED
+    b = breaker(clock, failures_to_open=1)
+    b.poll_failed("UNAVAILABLE")
+    clock.now += b.cooldown_s
+    b.serving_again()  # half-open already: health alone never closes it
+    assert state_of(b) is BreakerState.HALF_OPEN
