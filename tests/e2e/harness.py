@@ -4,13 +4,15 @@ the same launcher as the gateway's local stack (libs/stack)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from libs.stack.launcher import Service, start_service, wait_ready
 from libs.stack.process import child_environment
 
-__all__ = ["Service", "child_env", "log_dir", "rss_mib", "start", "wait_healthy"]
+__all__ = ["Service", "child_env", "log_dir", "rss_mib", "start", "stop_all", "wait_healthy"]
 
 
 def child_env() -> dict[str, str]:
@@ -29,6 +31,12 @@ def log_dir() -> Path:
 def start(name: str, module: str, config: Any) -> Service:
     """`python -m module` with `config` (its service's frozen config type) as flags."""
     return start_service(name, name, module, config, log_dir())
+
+
+def stop_all(services: Iterable[Service]) -> None:
+    """Stops them all at once: each worker's graceful drain and engine exit take seconds."""
+    with ThreadPoolExecutor() as pool:
+        list(pool.map(Service.stop, services))
 
 
 async def wait_healthy(service: Service, timeout_s: float) -> None:

@@ -1,5 +1,6 @@
 """vLLM's own offline `LLM.generate`, one prompt at a time, greedy: the reference the
-disaggregated path must match token for token. Run as a child process by the e2e tests:
+disaggregated path must match token for token. Run as a child process by the e2e tests
+(`ReferenceRun`, started while their stack starts):
 
     python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE [MAX_MODEL_LEN]]
 """
@@ -8,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from libs.config.roles import Role
 from libs.worker.config import WorkerConfig
 from libs.worker.engine_args import engine_environment, engine_kwargs
+from tests.e2e.harness import child_env
 
 
 def main(
@@ -45,6 +48,37 @@ def main(
         result = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
         outputs.append(list(result[0].outputs[0].token_ids))
     Path(out_path).write_text(json.dumps(outputs))
+
+
+class ReferenceRun:
+    """This module as a child process over `prompts`, its log and output in `folder` under
+    `name`. Started before a test's stack so that the two load at once: one engine's start is
+    a chain of processes importing vLLM in turn, which leaves a core idle."""
+
+    def __init__(
+        self, folder: Path, name: str, model_dir: Path, prompts: list[list[int]], max_tokens: int, *extra: str
+    ) -> None:
+        self._log = folder / f"{name}-reference.log"
+        self._out = folder / f"{name}-reference.json"
+        prompts_file = folder / f"{name}-prompts.json"
+        prompts_file.write_text(json.dumps(prompts))
+        with self._log.open("wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "tests.e2e.reference_vllm", str(model_dir), str(prompts_file),
+                 str(self._out), str(max_tokens), *extra],
+                stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+            )  # fmt: skip
+
+    def outputs(self, timeout_s: float = 900) -> list[list[int]]:
+        """Each prompt's generated token ids, in order; waits for the child to finish."""
+        code = self._process.wait(timeout=timeout_s)
+        assert code == 0, f"the vLLM reference exited with {code}: {self._log.read_text()[-3000:]}"
+        return list(json.loads(self._out.read_text()))
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
 
 
 if __name__ == "__main__":

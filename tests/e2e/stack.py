@@ -11,6 +11,7 @@ import secrets
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -69,21 +70,46 @@ def start_gateway_stack(
     near-tie in bf16 (vLLM's bf16 kernels pick "L'Étoile..."; fp32 gives "The capital of
     France is Paris."), and tests compare greedy text. `dtype="auto"`: the users' default (bf16).
     """
-    flags = ["--mode", mode, "--port", "0", "--model", str(default_model_dir()), "--dtype", dtype,
-             "--cache-dir", str(cache_dir), "--grpc-token-file", str(stack_token_file(cache_dir)),
-             *extra]  # fmt: skip
-    service = start("gateway", "services.gateway.main", parse(GatewayConfig, flags))
-    _STACK_LOGS[service.process.pid] = cache_dir / "logs"
+    return start_gateway_stacks(StackSpec(mode, cache_dir, extra, dtype))[0]
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """One `start_gateway_stack` call's arguments."""
+
+    mode: str
+    cache_dir: Path
+    extra: tuple[str, ...] = ()
+    dtype: str = "float32"
+
+
+def start_gateway_stacks(*specs: StackSpec) -> list[tuple[Service, str]]:
+    """`start_gateway_stack` for each spec, all at once (a stack whose workers fit on fewer
+    cores than the machine has leaves the rest idle while it starts); in order."""
+    started: list[tuple[StackSpec, Service]] = []
     try:
-        base_url = service.wait_http_ready(900)
+        for spec in specs:
+            flags = ["--mode", spec.mode, "--port", "0", "--model", str(default_model_dir()), "--dtype", spec.dtype,
+                     "--cache-dir", str(spec.cache_dir), "--grpc-token-file", str(stack_token_file(spec.cache_dir)),
+                     *spec.extra]  # fmt: skip
+            name = "gateway" if len(specs) == 1 else f"gateway-{spec.mode}"
+            service = start(name, "services.gateway.main", parse(GatewayConfig, flags))
+            _STACK_LOGS[service.process.pid] = spec.cache_dir / "logs"
+            started.append((spec, service))
+        ready = []
+        for spec, service in started:
+            base_url = service.wait_http_ready(900)
+            print(
+                f"local {spec.mode} stack ready after {service.ready_after_s:.1f} s, "
+                f"RSS {rss_mib(service):.0f} MiB (all processes)"
+            )
+            ready.append((service, base_url))
+        return ready
     except BaseException:
-        _stop_tree(service)
-        _keep_logs(service)
+        for _, service in started:
+            _stop_tree(service)
+            _keep_logs(service)
         raise
-    print(
-        f"local {mode} stack ready after {service.ready_after_s:.1f} s, RSS {rss_mib(service):.0f} MiB (all processes)"
-    )
-    return service, base_url
 
 
 # Suites about the gateway's own behaviour, which does not depend on what the model says, run on

@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +28,9 @@ import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e.harness import Service, child_env, log_dir
+from tests.e2e.harness import Service, log_dir
 from tests.e2e.prompts import question, shared_prefix
+from tests.e2e.reference_vllm import ReferenceRun
 from tests.e2e.stack import (
     kill_worker,
     stack_blocking_channel,
@@ -65,25 +64,29 @@ def prefix_prompts(tokenizer: Tokenizer) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def cold_reference(model_dir: Path, prefix_prompts: dict[str, list[int]]) -> dict[str, list[int]]:
-    """vLLM's own LLM.generate of each prompt in a fresh engine (no cache, no kvstore), run
-    before the stack starts so the two never compete for memory."""
-    folder = log_dir()
-    names = sorted(prefix_prompts)
-    prompts_file, out_file = folder / "2p1d-prompts.json", folder / "2p1d-reference.json"
-    prompts_file.write_text(json.dumps([prefix_prompts[name] for name in names]))
-    with (folder / "2p1d-reference.log").open("wb") as log:
-        subprocess.run(
-            [sys.executable, "-m", "tests.e2e.reference_vllm", str(model_dir), str(prompts_file), str(out_file),
-             str(MAX_TOKENS), "float32", str(MAX_MODEL_LEN)],
-            stdout=log, stderr=subprocess.STDOUT, env=child_env(), check=True, timeout=900,
-        )  # fmt: skip
-    return dict(zip(names, json.loads(out_file.read_text()), strict=True))
+def cold_reference_run(model_dir: Path, prefix_prompts: dict[str, list[int]]) -> Iterator[ReferenceRun]:
+    """vLLM's own LLM.generate of each prompt in a fresh engine (no cache, no kvstore),
+    loading while the stack starts."""
+    run = ReferenceRun(
+        log_dir(), "2p1d", model_dir, [prefix_prompts[name] for name in sorted(prefix_prompts)], MAX_TOKENS,
+        "float32", str(MAX_MODEL_LEN),
+    )  # fmt: skip
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+@pytest.fixture(scope="module")
+def cold_reference(
+    cold_reference_run: ReferenceRun, prefix_prompts: dict[str, list[int]]
+) -> dict[str, list[int]]:
+    return dict(zip(sorted(prefix_prompts), cold_reference_run.outputs(), strict=True))
 
 
 @pytest.fixture(scope="module")
 def stack(
-    cold_reference: dict[str, list[int]], tmp_path_factory: pytest.TempPathFactory
+    cold_reference_run: ReferenceRun, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Service, str]]:
     service, base_url = start_gateway_stack(
         "2p1d", tmp_path_factory.mktemp("cache"), "--kvstore", "--kvstore-cpu-bytes", "512MiB",

@@ -13,9 +13,6 @@ prompts themselves: a warning, a counter, and the right answer, never an error.
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +25,10 @@ from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.flags import parse
 from libs.kvstore.server_config import KvStoreProcessConfig
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e.harness import Service, child_env, log_dir, start, wait_healthy
+from tests.e2e.harness import Service, log_dir, start, stop_all, wait_healthy
 from tests.e2e.kvstore_faults import FaultyKvStoreProxy
 from tests.e2e.prompts import question, shared_prefix
+from tests.e2e.reference_vllm import ReferenceRun
 from tests.e2e.stack import start_worker, stored_chunks
 from tests.libs.kvstore.redis_server import RedisServer
 
@@ -61,24 +59,25 @@ def prompts(tokenizer: Tokenizer) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
-    """vLLM's own LLM.generate, cold, in a child process (tests/e2e/reference_vllm.py)."""
-    folder = log_dir()
-    names = sorted(prompts)
-    prompts_file, out_file = folder / "kvstore-prompts.json", folder / "kvstore-reference.json"
-    prompts_file.write_text(json.dumps([prompts[name] for name in names]))
-    with (folder / "kvstore-reference.log").open("wb") as log:
-        subprocess.run(
-            [sys.executable, "-m", "tests.e2e.reference_vllm", str(model_dir), str(prompts_file), str(out_file),
-             str(MAX_TOKENS), "float32"],
-            stdout=log, stderr=subprocess.STDOUT, env=child_env(), check=True, timeout=900,
-        )  # fmt: skip
-    return dict(zip(names, json.loads(out_file.read_text()), strict=True))
+def reference_run(model_dir: Path, prompts: dict[str, list[int]]) -> Iterator[ReferenceRun]:
+    """vLLM's own LLM.generate, cold, in a child process loading while the stack starts."""
+    run = ReferenceRun(
+        log_dir(), "kvstore", model_dir, [prompts[name] for name in sorted(prompts)], MAX_TOKENS, "float32"
+    )
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run: ReferenceRun, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+    return dict(zip(sorted(prompts), reference_run.outputs(), strict=True))
 
 
 @pytest.fixture(scope="module")
 def stack_and_proxy(
-    reference: dict[str, list[int]], model_dir: Path
+    reference_run: ReferenceRun, model_dir: Path
 ) -> Iterator[tuple[dict[str, Service], FaultyKvStoreProxy]]:
     redis = RedisServer(log_dir() / "redis").start()
     kvstore = start("kvstore", "services.kvstore.main", parse(KvStoreProcessConfig, [
@@ -104,8 +103,7 @@ def stack_and_proxy(
             asyncio.run(wait_healthy(services[name], timeout_s=600))
         yield services, proxy
     finally:
-        for service in services.values():
-            service.stop()
+        stop_all(services.values())
         proxy.stop()
         redis.stop()
 

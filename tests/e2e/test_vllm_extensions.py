@@ -16,26 +16,34 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.harness import Service
-from tests.e2e.stack import stack_channel, start_gateway_stack, stop_gateway_stack
+from tests.e2e.stack import StackSpec, stack_channel, start_gateway_stacks, stop_gateway_stack
 
 PROMPT = "The capital of France is"
 # Prompt logprobs of each mode, compared once both ran (pytest runs one mode's tests, then the other's).
 SEEN: dict[str, list[Any]] = {}
 
 
-@pytest.fixture(scope="module", params=["1p1d", "pd"])
-def stack(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
-    service: Service
-    service, base_url = start_gateway_stack(
-        request.param, tmp_path_factory.mktemp("cache"), "--max-model-len", "1024"
-    )
+MODES = ("1p1d", "pd")
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Both stacks, started at once (one after the other, pd's one worker left a core idle)."""
+    specs = [
+        StackSpec(mode, tmp_path_factory.mktemp(f"cache-{mode}"), ("--max-model-len", "1024"))
+        for mode in MODES
+    ]
+    started = start_gateway_stacks(*specs)
     try:
-        yield request.param, base_url
+        yield {mode: base_url for mode, (_, base_url) in zip(MODES, started, strict=True)}
     finally:
-        stop_gateway_stack(service)
+        for service, _ in started:
+            stop_gateway_stack(service)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def stack(request: pytest.FixtureRequest, stacks: dict[str, str]) -> tuple[str, str]:
+    return request.param, stacks[request.param]
 
 
 def post(base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -4,10 +4,7 @@ worker and vLLM's own LLM.generate; abort, lease expiry, release, and bad input.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -18,7 +15,8 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.harness import Service, child_env, log_dir, rss_mib, wait_healthy
+from tests.e2e.harness import Service, log_dir, rss_mib, stop_all, wait_healthy
+from tests.e2e.reference_vllm import ReferenceRun
 from tests.e2e.stack import start_worker
 
 pytestmark = pytest.mark.anyio
@@ -40,16 +38,18 @@ DTYPE = "float32"
 
 @pytest.fixture(scope="module")
 def workers(model_dir: Path) -> Iterator[dict[str, Service]]:
-    # One core each, as the one-command stack does: vLLM's CPU backend runs an OpenMP team
-    # per engine whose threads spin at barriers, so engines sharing cores unpinned slow each
-    # other down by orders of magnitude (measured: ~1 minute per 24-token request). The
-    # colocated worker shares core 0 with prefill; the test uses it only while prefill idles.
+    # Prefill and decode one core each, as the one-command stack does: vLLM's CPU backend runs
+    # an OpenMP team per engine whose threads spin at barriers, so engines computing at once
+    # on shared cores slow each other down by orders of magnitude (measured: ~1 minute per
+    # 24-token request). The colocated worker computes only while the other two idle (the
+    # tests ask one worker at a time), so it takes every core: pinned to core 0 with prefill,
+    # the two loaded one after the other on that core (ready after 101 and 107 s, decode 52 s).
     services = {
         "prefill": start_worker(
             "prefill", model_dir, "--kv-lease-s", str(LEASE_S), "--device-group", "0", "--dtype", DTYPE
         ),
         "decode": start_worker("decode", model_dir, "--device-group", "1", "--dtype", DTYPE),
-        "both": start_worker("both", model_dir, "--device-group", "0", "--dtype", DTYPE),
+        "both": start_worker("both", model_dir, "--dtype", DTYPE),
     }
     try:
 
@@ -62,38 +62,44 @@ def workers(model_dir: Path) -> Iterator[dict[str, Service]]:
             print(f"worker {name}: ready after {service.ready_after_s:.1f} s, RSS {rss_mib(service):.0f} MiB")
         yield services
     finally:
-        for service in services.values():
-            service.stop()
+        stop_all(services.values())
 
 
 @pytest.fixture(scope="module")
-def reference_process(
-    model_dir: Path, prompts: list[tuple[str, list[int]]]
-) -> Iterator[subprocess.Popen[bytes]]:
+def reference_run(model_dir: Path, prompts: list[tuple[str, list[int]]]) -> Iterator[ReferenceRun]:
     """vLLM's LLM.generate over the same prompts, started before the workers so that both
     load at once."""
-    folder = log_dir()
-    prompts_file = folder / "prompts.json"
-    prompts_file.write_text(json.dumps([ids for _, ids in prompts]))
-    with (folder / "reference.log").open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.reference_vllm", str(model_dir), str(prompts_file),
-             str(folder / "reference.json"), str(MAX_TOKENS), DTYPE],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_env(),
-        )  # fmt: skip
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    run = ReferenceRun(log_dir(), "pd", model_dir, [ids for _, ids in prompts], MAX_TOKENS, DTYPE)
+    try:
+        yield run
+    finally:
+        run.stop()
 
 
-def reference_outputs(process: subprocess.Popen[bytes]) -> list[list[int]]:
-    assert process.wait(timeout=900) == 0, (log_dir() / "reference.log").read_text()[-3000:]
-    return list(json.loads((log_dir() / "reference.json").read_text()))
+# Token ids shared with no other prompt here, so no test's prefill hits the KV this one holds.
+UNPULLED_PROMPT = list(range(5000, 5600))
+
+
+@pytest.fixture(scope="module")
+def unpulled_handoff(workers: dict[str, Service]) -> float:
+    """A prefill whose KV nobody pulls, made as soon as the workers serve; when it was made.
+    Its lease runs out while the tests after it run (waited for alone, it idled the machine
+    LEASE_S seconds); test_unpulled_handoff_is_freed_by_lease_expiry checks the outcome."""
+
+    async def prefill_once() -> None:
+        async with grpc.aio.insecure_channel(workers["prefill"].address) as channel:
+            prefill = worker_pb2_grpc.WorkerStub(channel)
+            metadata = common_pb2.RequestMetadata(request_id="lease-1")
+            await prefill.Prefill(
+                worker_pb2.PrefillRequest(
+                    metadata=metadata, prompt_token_ids=UNPULLED_PROMPT, sampling=greedy()
+                )
+            )
+            held = await prefill.GetStats(worker_pb2.GetStatsRequest())
+            assert held.kv_cache_usage > 0 and held.num_leased >= 1
+
+    asyncio.run(prefill_once())
+    return time.monotonic()
 
 
 def greedy(max_tokens: int = MAX_TOKENS, **extra: object) -> common_pb2.SamplingParams:
@@ -110,11 +116,12 @@ async def tokens_of(call: grpc.aio.UnaryStreamCall) -> list[int]:
 
 
 async def test_disaggregated_equals_colocated_and_vllm(
-    reference_process: subprocess.Popen[bytes],
+    reference_run: ReferenceRun,
     workers: dict[str, Service],
+    unpulled_handoff: float,  # made first: its lease runs out while this test runs
     prompts: list[tuple[str, list[int]]],
 ) -> None:
-    reference = reference_outputs(reference_process)
+    reference = reference_run.outputs()
     assert len(prompts) >= 20
     assert any(len(ids) >= 1400 for _, ids in prompts), "the set must include ~1,500-token prompts"
     mismatches = []
@@ -273,24 +280,19 @@ async def test_abort_mid_decode_frees_kv_on_both_sides(
 
 
 async def test_unpulled_handoff_is_freed_by_lease_expiry(
-    workers: dict[str, Service], prompts: list[tuple[str, list[int]]]
+    workers: dict[str, Service], unpulled_handoff: float
 ) -> None:
     async with grpc.aio.insecure_channel(workers["prefill"].address) as channel:
         prefill = worker_pb2_grpc.WorkerStub(channel)
-        metadata = common_pb2.RequestMetadata(request_id="lease-1")
-        await prefill.Prefill(
-            worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=prompts[-3][1], sampling=greedy())
-        )
-        held = await prefill.GetStats(worker_pb2.GetStatsRequest())
-        assert held.kv_cache_usage > 0 and held.num_leased >= 1
-        started = time.monotonic()
 
         async def freed() -> float | None:
             stats = await prefill.GetStats(worker_pb2.GetStatsRequest())
-            return time.monotonic() - started if stats.kv_cache_usage == 0 and stats.num_leased == 0 else None
+            idle = stats.kv_cache_usage == 0 and stats.num_leased == 0
+            return time.monotonic() - unpulled_handoff if idle else None
 
         seconds = await wait_for(freed, LEASE_S + 30, "the prefill lease to expire and free its KV")
-        print(f"unpulled KV freed {seconds:.1f} s after prefill (lease {LEASE_S} s)")
+        # Checked once the tests before it ran: an upper bound on when it was freed.
+        print(f"unpulled KV freed by {seconds:.1f} s after prefill (lease {LEASE_S} s)")
 
 
 async def test_release_through_decode_frees_prefill_kv(
@@ -301,17 +303,19 @@ async def test_release_through_decode_frees_prefill_kv(
         grpc.aio.insecure_channel(workers["decode"].address) as d_channel,
     ):
         prefill, decode = worker_pb2_grpc.WorkerStub(p_channel), worker_pb2_grpc.WorkerStub(d_channel)
+        before = (await prefill.GetStats(worker_pb2.GetStatsRequest())).kv_cache_usage
         metadata = common_pb2.RequestMetadata(request_id="release-1")
         response = await prefill.Prefill(
             worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=prompts[-4][1], sampling=greedy())
         )
-        assert (await prefill.GetStats(worker_pb2.GetStatsRequest())).kv_cache_usage > 0
+        assert (await prefill.GetStats(worker_pb2.GetStatsRequest())).kv_cache_usage > before
         started = time.monotonic()
         await decode.ReleaseKv(worker_pb2.ReleaseKvRequest(request_id="release-1", handoff=response.handoff))
 
         async def freed() -> float | None:
             stats = await prefill.GetStats(worker_pb2.GetStatsRequest())
-            return time.monotonic() - started if stats.kv_cache_usage == 0 else None
+            # <= the usage before it: the unpulled handoff's lease may run out meanwhile.
+            return time.monotonic() - started if stats.kv_cache_usage <= before else None
 
         seconds = await wait_for(
             freed, LEASE_S - 1, "ReleaseKv to free the prefill's KV before the lease would"

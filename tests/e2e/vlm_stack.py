@@ -69,23 +69,33 @@ def stack_config(mode: str, model_dir: Path, cache_dir: Path, *extra: str) -> Ga
 
 
 def launch_with_worker_model(
-    config: GatewayConfig, worker_model: Path
-) -> tuple[LocalStack, local.StackAddresses]:
-    """libs/stack/local.launch with every worker's --model replaced by `worker_model`."""
+    configs: list[GatewayConfig], worker_model: Path
+) -> list[tuple[LocalStack, local.StackAddresses]]:
+    """libs/stack/local.launch of each config, all at once (one stack's start leaves a core
+    idle while its processes import in turn), with every worker's --model replaced by
+    `worker_model`."""
     original = local.worker_config
 
     def worker_config(*args: Any, **kwargs: Any) -> WorkerConfig:
         return replace(original(*args, **kwargs), model=str(worker_model))
 
-    stack = LocalStack(log_dir() / f"stack-{config.mode.name}")
+    stacks = [LocalStack(log_dir() / f"stack-{config.mode.name}") for config in configs]
+
+    async def launch_all() -> list[local.StackAddresses]:
+        launches = (
+            local.launch(c, s, entry_points=ENTRY_POINTS) for c, s in zip(configs, stacks, strict=True)
+        )
+        return list(await asyncio.gather(*launches))
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local, "worker_config", worker_config)
         try:
-            addresses = asyncio.run(local.launch(config, stack, entry_points=ENTRY_POINTS))
+            addresses = asyncio.run(launch_all())
         except BaseException:
-            stack.stop()
+            for stack in stacks:
+                stack.stop()
             raise
-    return stack, addresses
+    return list(zip(stacks, addresses, strict=True))
 
 
 def start_gateway(name: str, config: GatewayConfig, addresses: local.StackAddresses) -> tuple[Service, str]:
