@@ -106,8 +106,7 @@ async def test_a_removed_worker_is_retired_first_and_stopped_only_when_its_reque
     assert not service.stopped  # its request is still running
     new.admitted = 0
     # The stop runs in a thread: wait for the connector to have seen it end, not only the fake.
-    await until(lambda: managed.phase is Phase.GONE)
-    assert service.stopped
+    await until(lambda: managed.phase is Phase.GONE and service.stopped)
     assert service not in stack.services  # out of the stack: never restarted
     assert (await connector.state()).retiring[Role.DECODE] == 0
     whats = [what for _, name, what in connector.events if name == "decode-1"]
