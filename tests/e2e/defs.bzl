@@ -6,13 +6,14 @@ def cleave_e2e_test(name, deps = [], **kwargs):
     """A large pytest target tagged `e2e` (select or skip them with --test_tag_filters) and
     `exclusive` (two vLLM stacks at once would not fit the 2-core CI machine), plus any
     `tags` given (e.g. `fuzz`). `-rP` shows what passing tests printed (start-up times,
-    memory, measured values)."""
+    memory, measured values). `srcs`: the test files, `name`.py unless given (suites that share
+    a session's stacks run in one target)."""
     tags = ["e2e", "exclusive"] + kwargs.pop("tags", [])
     cleave_py_test(
         name = name,
         size = "large",
         timeout = "eternal",
-        srcs = [name + ".py"],
+        srcs = kwargs.pop("srcs", [name + ".py"]),
         args = ["-rP"],
         tags = tags,
         deps = [":harness"] + deps,

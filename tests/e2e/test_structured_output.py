@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,43 +26,13 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from tests.e2e.harness import Service
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
-
 MAX_TOKENS = 160
-# Ours (ChatML with Hermes-style tools): runfiles hold it at this path under the workspace.
-HERMES_TEMPLATE = "tests/e2e/chat_templates/hermes_tools.jinja"
 
 
 @pytest.fixture(scope="module", params=os.environ.get("CLEAVE_E2E_STRUCTURED_MODES", "1p1d").split(","))
-def stack(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
-    service: Service
-    # xgrammar's JSON grammar allows any whitespace between tokens, and SmolLM2 can fill
-    # max_tokens with it: request 27 of the 50 (seed 27) ends `{"field_27": "{" \n \n ...`
-    # (finish_reason length) in every 1p1d run so far, with and without this engine-wide
-    # disable_any_whitespace, which xgrammar itself honours offline (it refuses that text).
-    # Open: why the decode engine's grammar still allows the whitespace.
-    service, base_url = start_gateway_stack(
-        request.param,
-        tmp_path_factory.mktemp("cache"),
-        "--max-model-len",
-        "2048",
-        "--structured-outputs-config",
-        '{"backend": "xgrammar", "disable_any_whitespace": true}',
-        # `tool_choice: auto` through vLLM's hermes parser, with a template that renders tools
-        # (SmolLM2's own renders none).
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-        "--chat-template",
-        os.path.abspath(HERMES_TEMPLATE),
-    )
-    try:
-        yield request.param, base_url
-    finally:
-        stop_gateway_stack(service)
+def stack(request: pytest.FixtureRequest, api_stacks: dict[str, str]) -> tuple[str, str]:
+    """The shared stack of that mode (tests/e2e/conftest.py: its flags)."""
+    return request.param, api_stacks[request.param]
 
 
 def served(base_url: str) -> str:

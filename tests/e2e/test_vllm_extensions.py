@@ -1,14 +1,13 @@
-"""vLLM's extension parameters through the real stack, in `pd` and `1p1d` (one stack each, a
-few requests): prompt logprobs and completions' echo with logprobs (in 1p1d the prefill
-worker computes them, decode none) equal the worker's own numbers and agree between the two
-modes; return_token_ids; stop_token_ids and min_tokens with their real effect; chat's
-continue_final_message with echo; the batched chat endpoint."""
+"""vLLM's extension parameters through the real stack, in `pd` and `1p1d` (the stacks this
+target shares with test_structured_output; a few requests): prompt logprobs and completions'
+echo with logprobs (in 1p1d the prefill worker computes them, decode none) equal the worker's
+own numbers and agree between the two modes; return_token_ids; stop_token_ids and min_tokens
+with their real effect; chat's continue_final_message with echo; the batched chat endpoint."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,34 +15,17 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from tests.e2e.stack import StackSpec, stack_channel, start_gateway_stacks, stop_gateway_stack
+from tests.e2e.stack import stack_channel
 
 PROMPT = "The capital of France is"
 # Prompt logprobs of each mode, compared once both ran (pytest runs one mode's tests, then the other's).
 SEEN: dict[str, list[Any]] = {}
 
 
-MODES = ("1p1d", "pd")
-
-
-@pytest.fixture(scope="module")
-def stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Both stacks, started at once (one after the other, pd's one worker left a core idle)."""
-    specs = [
-        StackSpec(mode, tmp_path_factory.mktemp(f"cache-{mode}"), ("--max-model-len", "1024"))
-        for mode in MODES
-    ]
-    started = start_gateway_stacks(*specs)
-    try:
-        yield {mode: base_url for mode, (_, base_url) in zip(MODES, started, strict=True)}
-    finally:
-        for service, _ in started:
-            stop_gateway_stack(service)
-
-
-@pytest.fixture(scope="module", params=MODES)
-def stack(request: pytest.FixtureRequest, stacks: dict[str, str]) -> tuple[str, str]:
-    return request.param, stacks[request.param]
+@pytest.fixture(scope="module", params=["1p1d", "pd"])
+def stack(request: pytest.FixtureRequest, api_stacks: dict[str, str]) -> tuple[str, str]:
+    """The shared stack of that mode (tests/e2e/conftest.py: its flags)."""
+    return request.param, api_stacks[request.param]
 
 
 def post(base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
