@@ -89,9 +89,9 @@ def test_max_model_len_is_capped_at_the_models_own(tmp_path: Path) -> None:
     assert fitted_max_model_len(None, tmp_path) is None  # vLLM takes the model's own
 
 
-@pytest.mark.anyio
-async def test_an_engine_that_dies_stops_the_server_and_exits_non_zero() -> None:
-    server = GrpcServer(ServerConfig(), [])
+async def served_until_told_the_engine_died(server: GrpcServer) -> tuple[asyncio.Task[int], asyncio.Event]:
+    """`serve` with a load that returns at once and an engine that dies when the event is set;
+    returns once the server is bound (it is, before the load starts)."""
     died = asyncio.Event()
     loaded = asyncio.Event()
 
@@ -102,7 +102,14 @@ async def test_an_engine_that_dies_stops_the_server_and_exits_non_zero() -> None
         await died.wait()
 
     serving = asyncio.create_task(serve(server, load, engine_dead))
-    await loaded.wait()  # the server is bound before the load starts
+    await loaded.wait()
+    return serving, died
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_dies_stops_the_server_and_exits_non_zero() -> None:
+    server = GrpcServer(ServerConfig(), [])
+    serving, died = await served_until_told_the_engine_died(server)
     for _ in range(500):  # SERVING once the load has returned
         if await health(server.address) == health_pb2.HealthCheckResponse.SERVING:
             break
@@ -137,17 +144,7 @@ async def test_a_call_left_open_does_not_hold_a_dead_engines_worker_for_the_grac
         "cleave.worker.v1.Worker", servicer, worker_pb2_grpc.add_WorkerServicer_to_server
     )
     server = GrpcServer(ServerConfig(shutdown_grace_s=25.0), [binding])
-    died = asyncio.Event()
-    loaded = asyncio.Event()
-
-    async def load() -> None:
-        loaded.set()
-
-    async def engine_dead() -> None:
-        await died.wait()
-
-    serving = asyncio.create_task(serve(server, load, engine_dead))
-    await loaded.wait()
+    serving, died = await served_until_told_the_engine_died(server)
     async with grpc.aio.insecure_channel(server.address) as channel:
         stream = worker_pb2_grpc.WorkerStub(channel).GenerateMany()
         await servicer.opened.wait()
