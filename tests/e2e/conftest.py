@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from tests.e2e.harness import Service
 from tests.e2e.prompts import build_prompts
 from tests.e2e.stack import StackSpec, default_model_dir, start_gateway_stacks, stop_gateway_stack
 
@@ -42,15 +43,15 @@ def prompts(model_dir: Path) -> list[tuple[str, list[int]]]:
 
 
 @pytest.fixture(scope="session")
-def api_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A 1p1d and a pd stack with API_STACK_FLAGS, started at once, by mode: the base URLs.
-    Two suites of //tests/e2e:test_vllm_api share them (a 1p1d start less); nothing they check
-    depends on another suite's requests."""
+def api_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Service, str]]]:
+    """A 1p1d and a pd stack with API_STACK_FLAGS, started at once, by mode: each gateway and
+    its base URL. The suites of //tests/e2e:test_vllm_api share them (two 1p1d starts less);
+    nothing they check depends on another suite's requests."""
     modes = ("1p1d", "pd")
     specs = (StackSpec(mode, tmp_path_factory.mktemp(f"api-{mode}"), API_STACK_FLAGS) for mode in modes)
     started = start_gateway_stacks(*specs)
     try:
-        yield {mode: base_url for mode, (_, base_url) in zip(modes, started, strict=True)}
+        yield dict(zip(modes, started, strict=True))
     finally:
         for service, _ in started:
             stop_gateway_stack(service)

@@ -1,12 +1,13 @@
 """The OpenAI API end to end: the one-command local stack (gateway + tokenizer + workers, real
-SmolLM2) driven by the official `openai` SDK and raw HTTP."""
+SmolLM2) driven by the official `openai` SDK and raw HTTP. It runs on the 1p1d stack that
+//tests/e2e:test_vllm_api's suites share (tests/e2e/conftest.py: api_stacks); that stack's chat
+template renders every chat without tools as SmolLM2's own template does."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -15,23 +16,19 @@ import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from tests.e2e.harness import Service
-from tests.e2e.stack import stack_blocking_channel, start_gateway_stack, stop_gateway_stack
+from tests.e2e.stack import stack_blocking_channel
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 STACKS: dict[str, Service] = {}  # base URL -> its gateway process
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway(api_stacks: dict[str, tuple[Service, str]]) -> str:
     # 1p1d by default: prefill -> NIXL -> decode. CLEAVE_E2E_MODE=pd runs the same suite on
-    # the colocated stack: ./bazel test //tests/e2e:test_gateway --test_env=CLEAVE_E2E_MODE=pd
-    mode = os.environ.get("CLEAVE_E2E_MODE", "1p1d")
-    service, base_url = start_gateway_stack(mode, tmp_path_factory.mktemp("cache"))
+    # the colocated stack: ./bazel test //tests/e2e:test_vllm_api --test_env=CLEAVE_E2E_MODE=pd
+    service, base_url = api_stacks[os.environ.get("CLEAVE_E2E_MODE", "1p1d")]
     STACKS[base_url] = service
-    try:
-        yield base_url
-    finally:
-        stop_gateway_stack(service)
+    return base_url
 
 
 @pytest.fixture

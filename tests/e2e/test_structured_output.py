@@ -26,13 +26,15 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
+from tests.e2e.harness import Service
+
 MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module", params=os.environ.get("CLEAVE_E2E_STRUCTURED_MODES", "1p1d").split(","))
-def stack(request: pytest.FixtureRequest, api_stacks: dict[str, str]) -> tuple[str, str]:
+def stack(request: pytest.FixtureRequest, api_stacks: dict[str, tuple[Service, str]]) -> tuple[str, str]:
     """The shared stack of that mode (tests/e2e/conftest.py: its flags)."""
-    return request.param, api_stacks[request.param]
+    return request.param, api_stacks[request.param][1]
 
 
 def served(base_url: str) -> str:

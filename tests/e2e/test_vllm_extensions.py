@@ -15,6 +15,7 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from tests.e2e.harness import Service
 from tests.e2e.stack import stack_channel
 
 PROMPT = "The capital of France is"
@@ -23,9 +24,9 @@ SEEN: dict[str, list[Any]] = {}
 
 
 @pytest.fixture(scope="module", params=["1p1d", "pd"])
-def stack(request: pytest.FixtureRequest, api_stacks: dict[str, str]) -> tuple[str, str]:
+def stack(request: pytest.FixtureRequest, api_stacks: dict[str, tuple[Service, str]]) -> tuple[str, str]:
     """The shared stack of that mode (tests/e2e/conftest.py: its flags)."""
-    return request.param, api_stacks[request.param]
+    return request.param, api_stacks[request.param][1]
 
 
 def post(base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
