@@ -12,7 +12,14 @@ import pytest
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service
 from tests.e2e.prompts import build_prompts
-from tests.e2e.stack import StackSpec, default_model_dir, start_gateway_stacks, stop_gateway_stack
+from tests.e2e.stack import (
+    StackSpec,
+    default_model_dir,
+    keep_stack_logs,
+    start_gateway_stack,
+    start_gateway_stacks,
+    stop_gateway_stack,
+)
 
 # Ours (ChatML with Hermes-style tools): runfiles hold it at this path under the workspace.
 HERMES_TEMPLATE = "tests/e2e/chat_templates/hermes_tools.jinja"
@@ -55,3 +62,25 @@ def api_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, t
     finally:
         for service, _ in started:
             stop_gateway_stack(service)
+
+
+# The colocated stack of //tests/e2e:test_edge_and_lifecycle: short contexts keep fuzzed prompts
+# cheap; a dead worker is restarted after half a second.
+EDGE_MAX_MODEL_LEN = 512
+EDGE_STACK_FLAGS = ("--max-model-len", str(EDGE_MAX_MODEL_LEN), "--restart-backoff-s", "0.5")
+
+
+@pytest.fixture(scope="session")
+def edge_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+    """One pd stack in the users' default dtype (bf16) for test_fuzz_http and then
+    test_lifecycle, in that order (the target's srcs): the lifecycle suite ends the stack with
+    SIGKILL of its gateway, after which only the stragglers check is left to do."""
+    service, base_url = start_gateway_stack("pd", tmp_path_factory.mktemp("edge"), *EDGE_STACK_FLAGS, dtype="auto")
+    try:
+        yield service, base_url
+    finally:
+        if service.process.poll() is None:
+            stop_gateway_stack(service)
+        else:
+            service.running.stop(timeout_s=60)  # whatever is left of its tree
+            keep_stack_logs(service)

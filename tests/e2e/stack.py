@@ -108,7 +108,7 @@ def start_gateway_stacks(*specs: StackSpec) -> list[tuple[Service, str]]:
     except BaseException:
         for _, service in started:
             _stop_tree(service)
-            _keep_logs(service)
+            keep_stack_logs(service)
         raise
 
 
@@ -127,7 +127,7 @@ def start_mock_stack(mode: str, cache_dir: Path, *extra: str) -> tuple[Service, 
 def stop_gateway_stack(service: Service) -> None:
     """SIGTERM the gateway; every process of its local stack must be gone afterwards."""
     alive = _stop_tree(service)
-    _keep_logs(service)
+    keep_stack_logs(service)
     assert service.process.returncode == 0, f"gateway exited with {service.process.returncode}"
     assert not alive, f"the gateway left {len(alive)} processes of its stack running: {alive}"
 
@@ -139,7 +139,7 @@ _PROBLEM = re.compile(r"Traceback|\[(error|warning|critical)|\b(ERROR|WARNING|CR
 _PROBLEM_LINES = 25
 
 
-def _keep_logs(service: Service) -> None:
+def keep_stack_logs(service: Service) -> None:
     """Copies the stack's logs into the test's outputs (one folder per stack: the gateway's
     own log is overwritten by the next stack's) and prints each log's problem lines, which
     pytest shows with a failure: CI prints only its output, never the outputs' files."""

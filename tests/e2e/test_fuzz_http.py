@@ -1,4 +1,5 @@
-"""Fuzzing the gateway's HTTP API on a real pd stack (SmolLM2) from its own OpenAPI document
+"""Fuzzing the gateway's HTTP API on a real pd stack (SmolLM2; tests/e2e/conftest.py:
+edge_stack, which test_lifecycle ends afterwards) from its own OpenAPI document
 (`/openapi.json`, FastAPI's), with schemathesis: for every operation, bodies that follow the
 schema (positive) and bodies that break it (negative: wrong types, values out of range,
 required fields missing, not an object, raw bytes), plus hand-made malformed bytes
@@ -30,14 +31,14 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from tests.e2e.harness import Service
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
+from tests.e2e.conftest import EDGE_MAX_MODEL_LEN
 from tests.fuzz.events import outcome
 from tools.soak.memory import TreeSampler
 from tools.soak.report import as_json, as_text
 from tools.soak.runner import SoakOptions, soak
 from tools.soak.workload import Mix
 
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = EDGE_MAX_MODEL_LEN
 MAX_TOKENS = 4
 TIMEOUT_S = 60.0  # per request, all bytes included: more is a hang
 # Every POST operation with a body; the GET operations and /ping are fuzzed in one test.
@@ -79,18 +80,12 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(edge_stack: tuple[Service, str]) -> Iterator[Gateway]:
     # The users' default dtype (bf16 on CPU), for the README's example; the fuzzing does not care.
-    service, base_url = start_gateway_stack(
-        "pd", tmp_path_factory.mktemp("cache"), "--max-model-len", str(MAX_MODEL_LEN), dtype="auto"
-    )
-    try:
-        gateway = Gateway(service, base_url)
-        yield gateway
-        gateway.client.close()
-        gateway.session.close()
-    finally:
-        stop_gateway_stack(service)
+    gateway = Gateway(*edge_stack)
+    yield gateway
+    gateway.client.close()
+    gateway.session.close()
 
 
 def readme_first_example() -> dict[str, Any]:

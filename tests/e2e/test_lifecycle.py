@@ -1,4 +1,5 @@
-"""The local stack's process lifecycle on one pd stack started by the gateway, as a user does:
+"""The local stack's process lifecycle on one pd stack started by the gateway, as a user does
+(the stack test_fuzz_http fuzzed before; tests/e2e/conftest.py: edge_stack):
 a worker whose vLLM engine dies fails the request in flight with an error event, stops
 serving and exits 3; the gateway's stack restarts it on the same address and the next chat
 completion succeeds; then SIGKILL of the gateway leaves no process of the stack behind
@@ -14,27 +15,20 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import httpx
 import psutil
 import pytest
 
 from tests.e2e.harness import Service
-from tests.e2e.stack import start_gateway_stack
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
-    service, base_url = start_gateway_stack(
-        "pd", tmp_path_factory.mktemp("cache"), "--max-model-len", "2048", "--restart-backoff-s", "0.5"
-    )
-    try:
-        yield service, base_url
-    finally:
-        service.running.stop(timeout_s=60)  # SIGTERM, then whatever is left of its tree
+def stack(edge_stack: tuple[Service, str]) -> tuple[Service, str]:
+    """The pd stack test_fuzz_http fuzzed (tests/e2e/conftest.py): these tests end it."""
+    return edge_stack
 
 
 def worker_and_engine(gateway: Service) -> tuple[psutil.Process, psutil.Process]:
@@ -78,7 +72,7 @@ def test_a_dead_engine_fails_the_request_in_flight_and_its_worker_is_restarted(
     worker, engine = worker_and_engine(gateway)
     (before,) = httpx.get(f"{base_url}/health", timeout=10).json()["workers"]
 
-    body = {"model": served_model(base_url), "messages": QUESTION, "max_tokens": 1000, "ignore_eos": True,
+    body = {"model": served_model(base_url), "messages": QUESTION, "max_tokens": 400, "ignore_eos": True,
             "stream": True}  # fmt: skip
     events: list[str] = []
     killed_at = None
