@@ -253,10 +253,13 @@ class WorkerPool:
             await self.poll_once()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        for task in self._watches.values():
+        # The poller and the health watches end before their channels close, so that no call
+        # of theirs is still in flight (grpc.aio would finish it on a loop that may be gone).
+        tasks = [t for t in (self._task, *self._watches.values()) if t is not None]
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
         self._watches.clear()
         channels = [e.channel for e in self.endpoints + self.retiring if e.channel is not None]
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)

@@ -26,6 +26,20 @@ from tests.libs.worker.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.anyio
 
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def one_event_loop(anyio_backend: str) -> AsyncIterator[None]:
+    """Every test here on one event loop (anyio's runner lives while a fixture holds it).
+    grpc.aio delivers a call's last events to the loop it ran on; with a loop per test, a
+    previous test's late event could reach a closed loop ("Event loop is closed", seen under
+    load), which a gateway, on one loop for its life, never meets."""
+    yield
+
 PROMPT = [5, 6, 7]
 STREAMS = 8
 
