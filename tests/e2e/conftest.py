@@ -75,7 +75,9 @@ def edge_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Servi
     """One pd stack in the users' default dtype (bf16) for test_fuzz_http and then
     test_lifecycle, in that order (the target's srcs): the lifecycle suite ends the stack with
     SIGKILL of its gateway, after which only the stragglers check is left to do."""
-    service, base_url = start_gateway_stack("pd", tmp_path_factory.mktemp("edge"), *EDGE_STACK_FLAGS, dtype="auto")
+    service, base_url = start_gateway_stack(
+        "pd", tmp_path_factory.mktemp("edge"), *EDGE_STACK_FLAGS, dtype="auto"
+    )
     try:
         yield service, base_url
     finally:

@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.e2e.harness import Service
 from tests.e2e.conftest import EDGE_MAX_MODEL_LEN
+from tests.e2e.harness import Service
 from tests.fuzz.events import outcome
 from tools.soak.memory import TreeSampler
 from tools.soak.report import as_json, as_text
