@@ -12,6 +12,7 @@ import pytest
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service
 from tests.e2e.prompts import build_prompts
+from tests.e2e.reference_commands import REFERENCE_PD_COMMAND
 from tests.e2e.stack import (
     StackSpec,
     default_model_dir,
@@ -86,3 +87,18 @@ def edge_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Servi
         else:
             service.running.stop(timeout_s=60)  # whatever is left of its tree
             keep_stack_logs(service)
+
+
+@pytest.fixture(scope="session")
+def reference_pd_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str, Path]]:
+    """The 1p1d stack of qaic_disagg's prefill/decode command (its gateway, base URL and log
+    folder), for test_reference_commands and then test_speculative (its run without
+    speculation), in that order (the target's srcs). test_speculative stops it when done, to
+    free the cores for its own stacks."""
+    cache = tmp_path_factory.mktemp("reference-pd")
+    service, base_url = start_gateway_stack("1p1d", cache, *REFERENCE_PD_COMMAND)
+    try:
+        yield service, base_url, cache / "logs"
+    finally:
+        if service.process.poll() is None:
+            stop_gateway_stack(service)

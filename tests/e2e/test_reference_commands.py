@@ -1,51 +1,21 @@
 """qaic_disagg's documented prefill/decode launch command, pasted as a user would with only
-the model (smollm2) and the device groups (0 / 1) changed, starts a 1p1d stack that answers.
-(Its draft-model command is run by test_speculative.py.)"""
+the model (smollm2) and the device groups (0 / 1) changed, starts a 1p1d stack that answers
+(tests/e2e/conftest.py: reference_pd_stack, which test_speculative.py then uses as its stack
+without speculation; the reference's draft-model command is run there)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.e2e.harness import Service
-from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
-
-# Verbatim from the reference's Disaggregated Serving page except --model and device groups;
-# its ports too. --max-model-len 11264 is beyond SmolLM2's 8192: the workers use 8192.
-REFERENCE_PD_COMMAND = [
-    "--model", "smollm2",
-    "--prefill-port", "9900",
-    "--prefill-device-group", "0",
-    "--decode-port", "9800",
-    "--decode-device-group", "1",
-    "--port", "8000",
-    "--prefill-max-num-seqs", "1",
-    "--decode-max-num-seqs", "1",
-    "--prefill-max-seq-len-to-capture", "256",
-    "--decode-max-seq-len-to-capture", "256",
-    "--max-model-len", "11264",
-    "--prefill-override-qaic-config", "split_retained_state_io:True mxfp6_matmul:True",
-    "--decode-override-qaic-config", "split_retained_state_io:True mxfp6_matmul:True",
-    "--generation-config", "vllm",
-    "--kv-cache-dtype", "mxint8", "-v", "-v", "-v",
-]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str, Path]]:
-    cache = tmp_path_factory.mktemp("cache")
-    service, base_url = start_gateway_stack("1p1d", cache, *REFERENCE_PD_COMMAND)
-    try:
-        yield service, base_url, cache / "logs"
-    finally:
-        stop_gateway_stack(service)
-
-
-def test_the_reference_pd_command_serves_chat_completions(stack: tuple[Service, str, Path]) -> None:
-    _service, base_url, logs = stack
+def test_the_reference_pd_command_serves_chat_completions(
+    reference_pd_stack: tuple[Service, str, Path],
+) -> None:
+    _service, base_url, logs = reference_pd_stack
     assert base_url.endswith(":8000")
     with httpx.Client(base_url=base_url, timeout=120) as client:
         (model,) = client.get("/v1/models").json()["data"]

@@ -2,12 +2,14 @@
 output with n-gram and with a draft model (SmolLM2 drafting for itself) is the output without
 speculation, and the decode worker reports accepted draft tokens. The draft-model stack is
 qaic_disagg's documented launch command, pasted with only the model and the device groups
-changed. CI runs 4 repetitive completions and 4 chats per stack (most of each stack's time is
-its start); `--test_env=CLEAVE_E2E_SPEC_PROMPTS=10` runs all 20.
+changed; the stack without speculation is the one its prefill/decode command started for
+test_reference_commands.py (tests/e2e/conftest.py: reference_pd_stack). CI runs 4 repetitive
+completions and 4 chats per stack (most of each stack's time is its start);
+`--test_env=CLEAVE_E2E_SPEC_PROMPTS=10` runs all 20.
 
-One stack at a time (two would not fit a 2-core machine): each fixture starts its stack, runs
-every prompt in order (one at a time, so batch shapes match across the three stacks), reads
-the gateway's re-exported worker metrics and stops it.
+One stack at a time (two would not fit a 2-core machine), prompts one at a time: every batch
+holds one request in all three stacks, whatever their max-num-seqs, so the same prompt meets
+the same kernels. Each run reads the gateway's re-exported worker metrics, then stops its stack.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.harness import Service
 from tests.e2e.prompts import CHAT
 from tests.e2e.stack import start_gateway_stack, stop_gateway_stack
 
@@ -63,7 +66,8 @@ REFERENCE_DRAFT_COMMAND = [
     "--kv-cache-dtype", "mxint8",
     "--generation-config", "vllm",
 ]  # fmt: skip
-SAME_SHAPE = ["--prefill-max-num-seqs", "1", "--decode-max-num-seqs", "4", "--max-model-len", "2048"]
+# The draft command's shape, for the n-gram stack.
+DRAFT_SHAPE = ["--prefill-max-num-seqs", "1", "--decode-max-num-seqs", "4", "--max-model-len", "2048"]
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,19 @@ class Run:
 def run_stack(cache_dir: Path, *flags: str) -> Run:
     service, base_url = start_gateway_stack("1p1d", cache_dir, *flags)
     try:
-        with httpx.Client(base_url=base_url, timeout=300) as client:
-            model = client.get("/v1/models").json()["data"][0]["id"]
-            outputs = [_complete(client, model, prompt) for prompt in REPETITIVE[:PER_KIND]]
-            outputs += [_chat(client, model, text) for text in CHATS[:PER_KIND]]
-            reply = _chat(client, model, "What is the capital of France?")[0]
-            spec = _spec_decode_metrics(client, expect_drafts="--decode-speculative-config" in flags)
-        return Run(outputs, spec, reply)
+        return run_prompts(base_url, expect_drafts="--decode-speculative-config" in flags)
     finally:
         stop_gateway_stack(service)
+
+
+def run_prompts(base_url: str, *, expect_drafts: bool) -> Run:
+    with httpx.Client(base_url=base_url, timeout=300) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        outputs = [_complete(client, model, prompt) for prompt in REPETITIVE[:PER_KIND]]
+        outputs += [_chat(client, model, text) for text in CHATS[:PER_KIND]]
+        reply = _chat(client, model, "What is the capital of France?")[0]
+        spec = _spec_decode_metrics(client, expect_drafts=expect_drafts)
+    return Run(outputs, spec, reply)
 
 
 def _complete(client: httpx.Client, model: str, prompt: str) -> tuple[str, int]:
@@ -123,13 +131,17 @@ def _spec_decode_metrics(client: httpx.Client, *, expect_drafts: bool) -> dict[s
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    return run_stack(tmp_path_factory.mktemp("plain"), *SAME_SHAPE)
+def plain(reference_pd_stack: tuple[Service, str, Path]) -> Run:
+    service, base_url, _logs = reference_pd_stack
+    try:
+        return run_prompts(base_url, expect_drafts=False)
+    finally:
+        stop_gateway_stack(service)
 
 
 @pytest.fixture(scope="module")
 def ngram(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    return run_stack(tmp_path_factory.mktemp("ngram"), *SAME_SHAPE, "--decode-speculative-config", NGRAM)
+    return run_stack(tmp_path_factory.mktemp("ngram"), *DRAFT_SHAPE, "--decode-speculative-config", NGRAM)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ finds its runfiles by that `.runfiles` directory), layer 2 filling its pypi/ par
 RUNFILES_ROOT = "/opt/cleave/app.runfiles"
 _DEPS_PREFIX = "pypi/"
 
-OciLayerInfo = provider(fields = ["tar", "descriptor", "runfiles_paths"])
+OciLayerInfo = provider(fields = ["tar", "descriptor", "runfiles_paths", "left_out_paths"])
 OciImageInfo = provider(fields = ["repo_tag", "config", "manifest", "layers", "digest"])
 
 def _runfiles_path(ctx, f):
@@ -62,16 +62,20 @@ _TOOL_ATTRS = {
 }
 
 def _deps_layer_impl(ctx):
+    left_out = {}
+    for package in ctx.attr.leave_out:
+        for path in _binary_files(ctx, package):
+            left_out[path] = True
     chosen = {}
     for binary in ctx.attr.binaries + ctx.attr.packages:
         for path, f in _binary_files(ctx, binary).items():
-            if path.startswith(_DEPS_PREFIX):
+            if path.startswith(_DEPS_PREFIX) and path not in left_out:
                 chosen[path] = f
     spec = [{"dest": RUNFILES_ROOT + "/" + p, "src": chosen[p].path} for p in sorted(chosen)]
     tar, descriptor = _write_layer(ctx, ctx.label.name, spec, depset(chosen.values()), "OciDepsLayer")
     return [
         DefaultInfo(files = depset([tar, descriptor])),
-        OciLayerInfo(tar = tar, descriptor = descriptor, runfiles_paths = sorted(chosen)),
+        OciLayerInfo(tar = tar, descriptor = descriptor, runfiles_paths = sorted(chosen), left_out_paths = sorted(left_out)),
     ]
 
 oci_py_deps_layer = rule(
@@ -80,6 +84,7 @@ oci_py_deps_layer = rule(
         _TOOL_ATTRS,
         binaries = attr.label_list(mandatory = True),
         packages = attr.label_list(doc = "more @pypi libraries, for what the image's Python needs beyond the host's"),
+        leave_out = attr.label_list(doc = "@pypi libraries without dependencies of their own that the binaries' runfiles hold but the image never imports (GPU-only code in a CPU image)"),
     ),
     doc = "One layer holding the third-party packages (runfiles under pypi/) of all `binaries`.",
 )
@@ -87,10 +92,11 @@ oci_py_deps_layer = rule(
 def _image_impl(ctx):
     deps = ctx.attr.deps_layer[OciLayerInfo]
     in_deps = {p: True for p in deps.runfiles_paths}
+    left_out = {p: True for p in deps.left_out_paths}
     own = {}
     for path, f in _binary_files(ctx, ctx.attr.binary).items():
         if path.startswith(_DEPS_PREFIX):
-            if path not in in_deps:
+            if path not in in_deps and path not in left_out:
                 fail("%s needs %s, which %s does not hold: add the binary to its `binaries`" % (
                     ctx.attr.binary.label,
                     path,
@@ -139,7 +145,7 @@ def _image_impl(ctx):
         "layer_names": ["debian minbase + python3 (oci_base_repository)", str(ctx.attr.deps_layer.label), str(ctx.attr.binary.label)],
     }))
     base = ctx.attr.base[OciLayerInfo]
-    layers = [base, deps, OciLayerInfo(tar = app_tar, descriptor = app_descriptor, runfiles_paths = [])]
+    layers = [base, deps, OciLayerInfo(tar = app_tar, descriptor = app_descriptor, runfiles_paths = [], left_out_paths = [])]
     config_blob = ctx.actions.declare_file(ctx.label.name + ".config.json")
     manifest_blob = ctx.actions.declare_file(ctx.label.name + ".manifest.json")
     digest = ctx.actions.declare_file(ctx.label.name + ".digest")
@@ -231,7 +237,7 @@ oci_image_list = rule(
 def _base_layer_impl(ctx):
     return [
         DefaultInfo(files = depset([ctx.file.tar, ctx.file.descriptor])),
-        OciLayerInfo(tar = ctx.file.tar, descriptor = ctx.file.descriptor, runfiles_paths = []),
+        OciLayerInfo(tar = ctx.file.tar, descriptor = ctx.file.descriptor, runfiles_paths = [], left_out_paths = []),
     ]
 
 oci_layer_import = rule(
