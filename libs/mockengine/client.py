@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 import msgspec
@@ -55,6 +56,7 @@ class EngineCoreClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._failure = ""
         self.dead = False
+        self._messages_read = 0
         self.ready: Ready
         self.latest_stats = CoreStats()
         self.stats_received = 0  # how many times latest_stats was replaced
@@ -177,6 +179,7 @@ class EngineCoreClient:
         decoder = message_decoder()
         while True:
             message = decoder.decode(await self._output.recv())
+            self._messages_read += 1
             if isinstance(message, EngineCoreOutputs):
                 self.latest_stats = message.stats
                 self.stats_received += 1
@@ -193,14 +196,23 @@ class EngineCoreClient:
 
     async def _watch_process(self) -> None:
         await self.process.wait()
-        # Let the reader take what the core sent before it died.
-        await asyncio.sleep(0.05)
+        await self._let_reader_finish()
         self.dead = True
         died = CoreDied(self._death_message())
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(died)
         self._outputs.put_nowait(died)
+
+    async def _let_reader_finish(self, quiet_s: float = 0.05, limit_s: float = 2.0) -> None:
+        """Lets the reader take what the core sent before it died: its last messages can still
+        be on their way through ZMQ's I/O threads, so wait until none has come for `quiet_s`."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            seen = self._messages_read
+            await asyncio.sleep(quiet_s)
+            if self._messages_read == seen:
+                return
 
     def _death_message(self) -> str:
         detail = f": {self._failure}" if self._failure else ""

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 import zmq
@@ -77,7 +77,7 @@ class EngineCore:
         self.sim: Simulator
 
     async def run(self) -> None:
-        context = zmq.asyncio.Context()
+        context = self._context = zmq.asyncio.Context()
         self._input = context.socket(zmq.PULL)
         self._input.connect(self._input_address)
         self._output = context.socket(zmq.PUSH)
@@ -140,8 +140,7 @@ class EngineCore:
             return False
         self._steps += 1
         if self.faults.crashes_at(self._steps):
-            log.warning("mock fault: crashing at step %d", self._steps)
-            os._exit(1)
+            self._crash()
         duration = self.timing.seconds(step.shape)
         self._busy_s += duration
         duration += self.faults.stall_seconds(self._steps)
@@ -153,6 +152,16 @@ class EngineCore:
         self._pending.extend(step.outputs)
         await self._send_outputs(step=self._steps, duration=duration, kv_events=step.kv_events)
         return True
+
+    def _crash(self) -> NoReturn:
+        """The injected crash: the process dies after the outputs of every earlier step have left
+        it, so that a test knows which steps a client got. (os._exit right after a send drops
+        what ZMQ's I/O thread has not written yet.)"""
+        log.warning("mock fault: crashing at step %d", self._steps)
+        self._output.close(linger=1000)
+        self._input.close(linger=0)
+        self._context.term()
+        os._exit(1)
 
     async def _idle(self) -> None:
         self._step_deadline = None  # the next busy period starts on its own timeline
