@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e import engine_lock
 from tests.e2e.harness import Service
 from tests.e2e.prompts import build_prompts
 from tests.e2e.reference_commands import REFERENCE_PD_COMMAND
@@ -39,16 +38,6 @@ API_STACK_FLAGS = (
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     "--chat-template", os.path.abspath(HERMES_TEMPLATE),
 )  # fmt: skip
-
-
-@pytest.fixture(scope="session", autouse=True)
-def one_engine_target_at_a_time() -> Iterator[None]:
-    """Real-engine targets hold tests/e2e/engine_lock.py's lock for their whole session."""
-    if not engine_lock.wanted():
-        yield
-        return
-    with engine_lock.engine_lock():
-        yield
 
 
 @pytest.fixture(scope="module")
