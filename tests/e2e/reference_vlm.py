@@ -20,12 +20,13 @@ from pathlib import Path
 def main(model_dir: str, cases_path: str, out_path: str, max_tokens: int) -> None:
     from libs.config.roles import Role
     from libs.worker.config import WorkerConfig
-    from libs.worker.engine_args import engine_environment, engine_kwargs
+    from libs.worker.engine_args import engine_kwargs
+    from tests.e2e.reference_vllm import offline_engine_environment
 
     config = WorkerConfig(
         role=Role.BOTH, model=model_dir, served_model_name="reference", kv_port=5798, dtype="float32"
     )
-    os.environ.update(engine_environment(config, os.sched_getaffinity(0)))
+    os.environ.update(offline_engine_environment(config))
     from PIL import Image
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
