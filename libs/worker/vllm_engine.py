@@ -35,6 +35,8 @@ from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLim
 from libs.worker.errors import EngineUnavailable, InvalidRequest
 from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
 from libs.worker.vllm_grammar_prefix import GRAMMAR_PREFIX, scheduler_for
+from libs.worker.vllm_moved_penalties import PROCESSOR as MOVED_PENALTIES_PROCESSOR
+from libs.worker.vllm_moved_penalties import moved_penalties
 from libs.worker.vllm_outputs import OutputRouter, RequestStream
 from libs.worker.vllm_stats import CapturingStatLogger
 
@@ -178,6 +180,9 @@ class VllmEngine:
             if child_params.structured_outputs is not None:
                 # The grammar continues after what the sequence generated (vllm_grammar_prefix).
                 child_params.extra_args = {**(child_params.extra_args or {}), GRAMMAR_PREFIX: list(tokens)}
+            if self._parts.moved_penalties:
+                # Penalties count what the sequence generated as output (vllm_moved_penalties).
+                moved_penalties(child_params, len(tokens))
             child_prompt = TokensPrompt(prompt, prompt_token_ids=[*prompt["prompt_token_ids"], *tokens])
             requests.append((index, await self._process(f"{index}_{request_id}", child_prompt, child_params)))
         return requests, None
@@ -259,6 +264,7 @@ class _Parts:
     input_processor: InputProcessor
     client: Any  # vLLM's AsyncMPClient
     loggers: StatLoggerManager
+    moved_penalties: bool  # a moved request's penalties count its moved tokens as output
 
     @classmethod
     def start(cls, args: AsyncEngineArgs) -> _Parts:
@@ -267,6 +273,11 @@ class _Parts:
         if scheduling.scheduler_cls is None:
             # vLLM's scheduler, plus a moved request's grammar started where it was.
             scheduling.scheduler_cls = scheduler_for(bool(scheduling.async_scheduling))
+        model = vllm_config.model_config
+        # A moved request's penalties (vLLM takes no custom logits processor when it speculates).
+        moved_penalties = vllm_config.speculative_config is None
+        if moved_penalties:
+            model.logits_processors = [*(model.logits_processors or ()), MOVED_PENALTIES_PROCESSOR]
         configure_logging_if_needed(vllm_config.logging_config)
         maybe_register_config_serialize_by_value()
         renderer = renderer_from_config(vllm_config)
@@ -284,7 +295,7 @@ class _Parts:
             enable_default_loggers=True,
         )
         loggers.log_engine_initialized()
-        return cls(vllm_config, renderer, input_processor, client, loggers)
+        return cls(vllm_config, renderer, input_processor, client, loggers, moved_penalties)
 
     def shutdown(self, timeout: float) -> None:
         shutdown_prometheus()

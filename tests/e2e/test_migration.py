@@ -2,8 +2,9 @@
 decode worker is SIGKILLed (its whole process tree) all complete, each with exactly the text
 and token count of an uninterrupted run of the same prompts, a sampled n = 2 stream on that
 worker completes both sequences to their length, and the gateway counts the moves
-(libs/gateway/serving/migration.py). Two decode workers share the decode core, so the streams are kept
-few and short."""
+(libs/gateway/serving/migration.py); a worker continues a moved structured-output or penalized
+request with the tokens of an uninterrupted run. Two decode workers share the decode core, so
+the streams are kept few and short."""
 
 from __future__ import annotations
 
@@ -284,6 +285,35 @@ def test_a_moved_greedy_json_schema_request_continues_with_the_uninterrupted_tok
         "prompt"
     ]
     jsonschema.validate(json.loads(text[: text.rindex("}") + 1]), CITY)  # less the end-of-turn token
+
+
+def test_a_moved_request_with_penalties_continues_with_the_uninterrupted_tokens(
+    stack: tuple[Service, str],
+) -> None:
+    """The worker side of a penalized request's move, on a real engine: continued from the first
+    k tokens of an uninterrupted greedy run with presence, frequency and repetition penalties
+    (GenerateRequest.sequences), it sends exactly the rest of that run, because the moved tokens
+    count as output for the penalties (libs/worker/vllm_moved_penalties.py); continued as a
+    plain longer prompt, it would not."""
+    _, base_url = stack
+    model = served_model(base_url)
+    (worker,) = [str(w["address"]) for w in decode_workers(base_url) if w["healthy"]][:1]
+    messages = [{"role": "user", "content": "Name as many animals as you can."}]
+    prompt = httpx.post(
+        f"{base_url}/tokenize", json={"model": model, "messages": messages}, timeout=30
+    ).json()["tokens"]
+    sampling = common_pb2.SamplingParams(
+        max_tokens=32, temperature=0,
+        presence_penalty=0.8, frequency_penalty=0.8, repetition_penalty=1.1,
+    )  # fmt: skip
+    request = worker_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling)
+    whole = generate(worker, request)
+    cut = len(whole) // 2
+    request.sequences.add(index=0, token_ids=whole[:cut])
+    assert generate(worker, request) == whole[cut:], (cut, whole)
+    sampling.max_tokens -= cut
+    plain = worker_pb2.GenerateRequest(prompt_token_ids=[*prompt, *whole[:cut]], sampling=sampling)
+    assert generate(worker, plain) != whole[cut:]
 
 
 # A drain lets every stream finish where it is, structured output included (it could move, but

@@ -18,9 +18,11 @@ What carries over, and what cannot:
   step at a time; identical in float32 in tests/e2e/test_migration.py).
 - Random sampling continues with new draws: a seed is kept, but the continuation's random
   stream starts over, so a seeded request is reproducible only up to where it moved.
-- vLLM's presence/frequency penalties count generated tokens only: after the move the earlier
-  ones are prompt tokens and are no longer penalized (repetition_penalty counts the prompt too
-  and is unaffected).
+- vLLM's presence/frequency penalties count generated tokens only, so a request with them
+  moves as n > 1 does (GenerateRequest.sequences): the worker counts the tokens sent before
+  the move as output for its penalties (libs/worker/vllm_moved_penalties.py), and greedy
+  output is the uninterrupted run's. A worker that speculates cannot (vLLM takes no custom
+  logits processor then): there the earlier tokens are prompt and are no longer penalized.
 - Structured output moves as n > 1 does (GenerateRequest.sequences, here one sequence): the
   worker starts the request's grammar after the tokens already sent (vLLM cannot, so its
   scheduler gets a hook for it: libs/worker/vllm_grammar_prefix.py), so greedy output is the
@@ -164,10 +166,12 @@ class Migration:
             reason, why = refusal
             metrics.MIGRATIONS_REFUSED.labels(reason).inc()
             raise MigrationRefused(f"{failure}; not continued on another worker: {why}")
-        structured = self._original.sampling.structured_output.WhichOneof("kind") is not None
-        if ((self._original.sampling.n or 1) > 1 or structured) and self.sent:
+        sampling = self._original.sampling
+        structured = sampling.structured_output.WhichOneof("kind") is not None
+        penalized = sampling.presence_penalty != 0 or sampling.frequency_penalty != 0
+        if ((sampling.n or 1) > 1 or structured or penalized) and self.sent:
             # The worker needs each sequence's tokens apart from the prompt: to run them as
-            # several sequences, and to start a grammar after them.
+            # several sequences, to start a grammar after them, and to penalize them as output.
             return Plan(
                 roles[0],
                 sequences_request(self._original, {i: self._generated.get(i, []) for i in still_open}),

@@ -12,6 +12,7 @@ import pytest
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
 from libs.worker.vllm_engine import VllmEngine
+from libs.worker.vllm_moved_penalties import MOVED_PENALTIES
 
 pytestmark = pytest.mark.anyio
 
@@ -67,6 +68,7 @@ def engine() -> tuple[VllmEngine, _Client]:
         loggers=loggers,
         renderer=SimpleNamespace(stat_mm_cache=lambda: None),
         vllm_config=SimpleNamespace(model_config=None),
+        moved_penalties=True,
     )
     return VllmEngine(parts, stats=None, info=None), client  # type: ignore[arg-type]
 
@@ -128,7 +130,10 @@ async def _until(condition: Any) -> None:
 
 async def test_a_moved_requests_sequences_continue_from_their_own_tokens() -> None:
     llm, client = engine()
-    sampling = {"n": 3, "max_tokens": 10, "min_tokens": 4, "seed": 7, "temperature": 1.0, "detokenize": False}
+    sampling = {
+        "n": 3, "max_tokens": 10, "min_tokens": 4, "seed": 7, "temperature": 1.0, "detokenize": False,
+        "presence_penalty": 0.5,
+    }  # fmt: skip
     reader = asyncio.ensure_future(
         _all(llm.generate("r", [1, 2], sampling, sequences=[(0, [5, 6]), (2, [7])]))
     )
@@ -142,6 +147,9 @@ async def test_a_moved_requests_sequences_continue_from_their_own_tokens() -> No
     ]
     assert params == [(1, 8, 2), (1, 9, 3)]
     assert [r.sampling_params.seed for r in client.added] == [7, 9]  # vLLM's seed of each sequence
+    # The penalties count each sequence's own tokens as output (vllm_moved_penalties).
+    assert [r.sampling_params.presence_penalty for r in client.added] == [0.0, 0.0]
+    assert [r.sampling_params.extra_args[MOVED_PENALTIES]["moved"] for r in client.added] == [2, 1]
     client.outputs.put_nowait(
         EngineCoreOutputs(
             outputs=[

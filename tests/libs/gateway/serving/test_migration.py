@@ -435,6 +435,32 @@ async def test_structured_output_moves_with_its_tokens_apart_for_the_grammar(sta
     assert [(s.index, list(s.token_ids)) for s in again.sequences] == [(0, stack.answer[:2])]
 
 
+@pytest.mark.parametrize("penalty", ["presence_penalty", "frequency_penalty"])
+async def test_penalties_move_with_their_tokens_apart_to_count_as_output(stack: Stack, penalty: str) -> None:
+    pipeline = await stack.pipeline({"prefill": 1, "decode": 2})
+    penalized = stack.spec()
+    setattr(penalized.sampling, penalty, 0.5)
+    await stack.reset(Fail(1))
+    moved = await run(pipeline, penalized)
+    assert moved.text == ANSWER
+    (_, _), (_, again) = stack.script.calls
+    # The worker counts them as output for the penalties (libs/worker/vllm_moved_penalties.py).
+    assert list(again.prompt_token_ids) == stack.prompt and getattr(again.sampling, penalty) == 0.5
+    assert [(s.index, list(s.token_ids)) for s in again.sequences] == [(0, stack.answer[:2])]
+
+
+async def test_repetition_penalty_alone_moves_as_a_longer_prompt(stack: Stack) -> None:
+    """It counts prompt and output tokens alike, so the moved tokens need not stay apart."""
+    pipeline = await stack.pipeline({"prefill": 1, "decode": 2})
+    penalized = stack.spec()
+    penalized.sampling.repetition_penalty = 1.3
+    await stack.reset(Fail(1))
+    moved = await run(pipeline, penalized)
+    assert moved.text == ANSWER
+    (_, _), (_, again) = stack.script.calls
+    assert list(again.prompt_token_ids) == stack.prompt + stack.answer[:2] and not again.sequences
+
+
 @pytest.mark.parametrize("how", ["unavailable", "close", "engine_stopped"])
 async def test_a_worker_failing_before_its_first_token_hands_the_request_to_another(
     stack: Stack, how: str
