@@ -69,7 +69,7 @@ def resolve_max_tokens(requested: int | None, *, prompt_len: int, max_model_len:
 def sequence_prefixes(
     sequences: Iterable[Any], *, n: int, max_tokens: int, moved_alone: bool
 ) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """GenerateRequest.sequences (a moved n > 1 request's open sequences), checked: distinct
+    """GenerateRequest.sequences (a moved request's open sequences), checked: distinct
     indexes below n, each with tokens left in its budget. `moved_alone`: the request carries
     no handoff or images (a continuation computes its prompts itself, from text)."""
     prefixes = tuple((int(s.index), tuple(s.token_ids)) for s in sequences)
