@@ -76,6 +76,12 @@ def sampling_kwargs(
     return kwargs
 
 
+# extra_args keys the worker itself sets for vLLM's engine (vllm_grammar_prefix,
+# vllm_moved_penalties): the engine trusts their shape, so a client's vllm_xargs may not carry
+# them (a malformed one would fail inside the engine and take the worker down with it).
+RESERVED_EXTRA_ARGS_PREFIX = "cleave_"
+
+
 def _extra_args(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -83,6 +89,11 @@ def _extra_args(text: str) -> dict[str, Any]:
         raise InvalidRequest(f"vllm_xargs is not valid JSON: {error}") from None
     if not isinstance(value, dict):
         raise InvalidRequest("vllm_xargs must be a JSON object")
+    reserved = sorted(key for key in value if key.startswith(RESERVED_EXTRA_ARGS_PREFIX))
+    if reserved:
+        raise InvalidRequest(
+            f"vllm_xargs keys starting with {RESERVED_EXTRA_ARGS_PREFIX!r} are reserved: {reserved}"
+        )
     return value
 
 

@@ -71,6 +71,7 @@ MISTAKES = [
     ("top_p of zero", *chat(top_p=0)),
     ("top_k beyond 32 bits", *completion(top_k=2**40)),
     ("too many logprobs", *completion(logprobs=50)),
+    ("vllm_xargs with a key the worker reserves", *chat(vllm_xargs={"cleave_moved_penalties": 1})),
 ]
 
 

@@ -124,3 +124,9 @@ def test_structured_output_maps_to_vllms_names(
 
 def test_no_structured_output_sets_none() -> None:
     assert "structured_outputs" not in sampling_kwargs(common_pb2.SamplingParams(), max_tokens=4)
+
+
+def test_vllm_xargs_may_not_carry_the_keys_the_worker_sets_for_its_engine() -> None:
+    json_text = '{"cleave_moved_penalties": 1, "k": 2}'
+    with pytest.raises(InvalidRequest, match="reserved: \\['cleave_moved_penalties'\\]"):
+        sampling_kwargs(common_pb2.SamplingParams(extra_args_json=json_text), max_tokens=4)

@@ -16,6 +16,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
+from libs.worker.sampling import RESERVED_EXTRA_ARGS_PREFIX
 from libs.worker.vllm_grammar_prefix import GRAMMAR_PREFIX, prime, scheduler_for
 
 
@@ -37,6 +38,7 @@ def request(extra: dict[str, Any] | None) -> Any:
 
 
 def test_the_grammar_starts_after_the_moved_tokens_once_compiled() -> None:
+    assert GRAMMAR_PREFIX.startswith(RESERVED_EXTRA_ARGS_PREFIX)  # no client can send it
     moved = request({GRAMMAR_PREFIX: [5, 6, 7]})
     compiling = moved.structured_output_request._grammar
     prime(moved)

@@ -11,6 +11,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.ops.penalties import apply_all_penalties
 
+from libs.worker.sampling import RESERVED_EXTRA_ARGS_PREFIX
 from libs.worker.vllm_moved_penalties import (
     MOVED_PENALTIES,
     NEUTRAL,
@@ -52,6 +53,7 @@ def processor() -> MovedPenaltiesProcessor:
 
 
 def test_the_params_hand_their_penalties_over_and_turn_neutral() -> None:
+    assert MOVED_PENALTIES.startswith(RESERVED_EXTRA_ARGS_PREFIX)  # no client can send it
     params = moved_params()
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.0, 0.0, 1.0)
     assert params.extra_args == {MOVED_PENALTIES: {"moved": 3, **PENALTIES}}
