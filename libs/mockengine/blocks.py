@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from libs.mockengine.hashing import LoraIdentity, event_extra_keys
+from libs.kvevents.hashing import LoraIdentity, event_extra_keys
 from libs.mockengine.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from libs.kvevents.cached_blocks import updates_from_events
+from libs.kvevents.hashing import BlockHasher
 from libs.kvlayout.layout import KvFacts
 from libs.mockengine.client import CoreDied, EngineCoreClient
 from libs.mockengine.config import CoreConfig, resolve
@@ -23,6 +25,7 @@ from libs.mockengine.protocol import AddRequest, CoreStats, EngineCoreOutputs
 from libs.mockengine.requests import sampling_spec, step_from_outputs
 from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLimits
 from libs.worker.errors import EngineUnavailable, InvalidRequest, KvTransferFailed
+from libs.worker.kv_cache_feed import KvCacheFeed
 
 ENGINE_VERSION = "cleave-mock 1"
 
@@ -46,6 +49,10 @@ class MockEngine:
     ) -> None:
         self._client = client
         self._on_outputs = on_outputs
+        # The core's KV events, hashed as vLLM hashes (simulator.py), for WatchKvCache.
+        self.kv_cache_feed: KvCacheFeed | None = KvCacheFeed(
+            BlockHasher(info.kv.block_size, config.prefix_caching_hash_algo)
+        )
         self._config = config
         self._info = info
         self._streams: dict[str, _Stream] = {}
@@ -186,6 +193,8 @@ class MockEngine:
         try:
             while True:
                 outputs: EngineCoreOutputs = await self._client.get_output()
+                if outputs.kv_events and self.kv_cache_feed is not None:
+                    self.kv_cache_feed.publish(updates_from_events(outputs.kv_events))
                 if self._on_outputs is not None:
                     self._on_outputs(outputs)
                 by_request: dict[str, list[Any]] = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libs.mockengine.blocks import KvBlock
-from libs.mockengine.hashing import LoraIdentity
+from libs.kvevents.hashing import LoraIdentity
 from libs.mockengine.protocol import SamplingSpec
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from libs.mockengine.blocks import BlockPool
 from libs.mockengine.config import ResolvedConfig
-from libs.mockengine.hashing import BlockHasher, LoraIdentity
+from libs.kvevents.hashing import BlockHasher, LoraIdentity
 from libs.mockengine.kv_events import KvEvent
 from libs.mockengine.kv_manager import KvCacheManager
 from libs.mockengine.leases import LeaseTable

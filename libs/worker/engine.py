@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from libs.kvlayout.layout import KvFacts
+from libs.worker.kv_cache_feed import KvCacheFeed
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ class EngineStats:
 
 
 class Engine(Protocol):
+    # What the engine's prefix cache holds, from its KV events (Worker.WatchKvCache); None when
+    # the engine publishes none.
+    kv_cache_feed: KvCacheFeed | None
+
     @property
     def info(self) -> EngineInfo: ...
 

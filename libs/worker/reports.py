@@ -1,9 +1,10 @@
 """What a worker reports about itself: GetStats (load, KV, cumulative counters, for routing and
-the gateway's metrics) and GetInfo (what it serves, and how), from its engine and config."""
+the gateway's metrics), GetInfo (what it serves, and how), from its engine and config, and
+WatchKvCache's messages."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -13,6 +14,8 @@ from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.worker.config import WorkerConfig
+from libs.kvevents.cached_blocks import KvCacheUpdate
+from libs.kvevents.hashing import BlockHasher
 from libs.worker.engine import EngineInfo, EngineStats
 from libs.worker.speculative import spec_decode_stats
 
@@ -50,7 +53,12 @@ def worker_stats(
     )
 
 
-def worker_info(config: WorkerConfig, info: EngineInfo, layout: common_pb2.KvLayout) -> worker_pb2.WorkerInfo:
+def worker_info(
+    config: WorkerConfig,
+    info: EngineInfo,
+    layout: common_pb2.KvLayout,
+    kv_block_hashing: BlockHasher | None = None,
+) -> worker_pb2.WorkerInfo:
     return worker_pb2.WorkerInfo(
         role=ROLES[config.role],
         model=info.model,
@@ -64,10 +72,30 @@ def worker_info(config: WorkerConfig, info: EngineInfo, layout: common_pb2.KvLay
         max_logprobs=config.max_logprobs,
         takes_images=info.takes_images,
         generate_many=True,
+        kv_cache_events=(
+            worker_pb2.KvBlockHashing(
+                block_size=kv_block_hashing.block_size,
+                hash_algo=kv_block_hashing.algo,
+                none_hash_seed=kv_block_hashing.none_hash_seed,
+            )
+            if kv_block_hashing is not None
+            else None
+        ),
         # The scheduler's own limits, by name (a 0 leaves the field unset): the config's
         # --max-num-seqs where the engine does not say.
         **({"max_num_seqs": config.max_num_seqs} | _nonzero(asdict(info.scheduler))),
     )
+
+
+async def kv_cache_events(
+    batches: AsyncIterator[tuple[KvCacheUpdate, ...]],
+) -> AsyncIterator[worker_pb2.KvCacheEvents]:
+    async for updates in batches:
+        yield worker_pb2.KvCacheEvents(
+            updates=[
+                worker_pb2.KvCacheUpdate(cleared=u.cleared, removed=u.removed, stored=u.stored) for u in updates
+            ]
+        )
 
 
 def _nonzero(limits: Mapping[str, int]) -> dict[str, int]:

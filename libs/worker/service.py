@@ -36,7 +36,7 @@ from libs.worker.layout import check_layout, kv_layout
 from libs.worker.leases import Leases
 from libs.worker.outputs import FINISH_REASONS, logprob_proto, prompt_logprobs_proto
 from libs.worker.peers import DnsPeers
-from libs.worker.reports import worker_info, worker_stats
+from libs.worker.reports import kv_cache_events, worker_info, worker_stats
 from libs.worker.sampling import sampling_kwargs
 from libs.worker.validation import (
     resolve_max_tokens,
@@ -258,7 +258,14 @@ class WorkerService:
         )
 
     def info(self) -> worker_pb2.WorkerInfo:
-        return worker_info(self._config, self._engine.info, self._layout)
+        feed = self._engine.kv_cache_feed
+        return worker_info(self._config, self._engine.info, self._layout, feed.hasher if feed is not None else None)
+
+    def watch_kv_cache(self) -> AsyncIterator[worker_pb2.KvCacheEvents]:
+        feed = self._engine.kv_cache_feed
+        if feed is None:
+            raise FailedPrecondition("this worker's engine publishes no KV cache events")
+        return kv_cache_events(feed.watch())
 
     # -- drain (drain.py) ----------------------------------------------------------------------
     @property

@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 from vllm import SamplingParams
-from vllm.config import StructuredOutputsConfig
+from vllm.config import KVEventsConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
@@ -34,7 +34,9 @@ from libs.kvlayout.from_vllm import engine_kv_facts
 from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLimits, SequenceDelta
 from libs.worker.errors import EngineUnavailable, InvalidRequest
 from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
+from libs.worker.kv_cache_feed import KvCacheFeed
 from libs.worker.vllm_grammar_prefix import GRAMMAR_PREFIX, scheduler_for
+from libs.worker.vllm_kv_events import EventReader, block_hasher, events_config, private_endpoint
 from libs.worker.vllm_moved_penalties import PROCESSOR as MOVED_PENALTIES_PROCESSOR
 from libs.worker.vllm_moved_penalties import moved_penalties
 from libs.worker.vllm_outputs import OutputRouter, RequestStream
@@ -50,7 +52,9 @@ class VllmEngine:
     (vllm_outputs.py says why): the engine-core client runs EngineCore in its own process, as
     AsyncLLM's does; `OutputRouter` reads its outputs, one message per engine step."""
 
-    def __init__(self, parts: _Parts, stats: CapturingStatLogger, info: EngineInfo) -> None:
+    def __init__(
+        self, parts: _Parts, stats: CapturingStatLogger, info: EngineInfo, kv_events_endpoint: str
+    ) -> None:
         self._parts = parts
         self._client = parts.client
         self._inputs = parts.input_processor
@@ -61,6 +65,11 @@ class VllmEngine:
         # Each running request's stream and vLLM request ids, by the worker's request id.
         self._running: dict[str, tuple[RequestStream, list[str]]] = {}
         self._model_config = parts.vllm_config.model_config
+        hasher = block_hasher(parts.vllm_config.cache_config)
+        self.kv_cache_feed: KvCacheFeed | None = KvCacheFeed(hasher) if hasher is not None else None
+        self._kv_events = EventReader(kv_events_endpoint, self.kv_cache_feed) if self.kv_cache_feed is not None else None
+        if hasher is None:
+            log.info("the engine's block hashes cannot be computed outside it: no KV events for routing")
 
     @classmethod
     def start(cls, engine_kwargs: dict[str, Any]) -> VllmEngine:
@@ -71,11 +80,13 @@ class VllmEngine:
             from libs.worker import vllm_mm_embeds
 
             vllm_mm_embeds.install()  # Idefics3's prompt expansion for embeddings (vLLM's gap)
-        parts = _Parts.start(engine_args(engine_kwargs))
+        # The engine publishes its KV cache events where only this worker reads them.
+        kv_events_endpoint = private_endpoint()
+        parts = _Parts.start(engine_args({**engine_kwargs, "kv_events_config": events_config(kv_events_endpoint)}))
         stats = CapturingStatLogger.latest
         if stats is None:
             raise RuntimeError("vLLM did not create Cleave's stat logger")
-        return cls(parts, stats, _engine_info(parts.vllm_config))
+        return cls(parts, stats, _engine_info(parts.vllm_config), kv_events_endpoint)
 
     @property
     def info(self) -> EngineInfo:
@@ -253,6 +264,8 @@ class VllmEngine:
         # vLLM's force kill 5 s later. A second reaches the same end sooner.
         self._router.stop()
         self._parts.shutdown(timeout=ENGINE_STOP_S)
+        if self._kv_events is not None:
+            self._kv_events.close()
 
 
 @dataclass(frozen=True)
@@ -347,10 +360,13 @@ def _failure(error: BaseException) -> Exception:
 
 
 def engine_args(engine_kwargs: dict[str, Any]) -> AsyncEngineArgs:
+    # AsyncEngineArgs takes config objects (vLLM's CLI parser builds them from the JSON).
     structured = engine_kwargs.get("structured_outputs_config")
     if isinstance(structured, dict):
-        # AsyncEngineArgs takes the config object (vLLM's CLI parser builds it from the JSON).
         engine_kwargs = {**engine_kwargs, "structured_outputs_config": StructuredOutputsConfig(**structured)}
+    events = engine_kwargs.get("kv_events_config")
+    if isinstance(events, dict):
+        engine_kwargs = {**engine_kwargs, "kv_events_config": KVEventsConfig(**events)}
     return AsyncEngineArgs(**engine_kwargs)
 
 

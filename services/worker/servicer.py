@@ -116,5 +116,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return self._service.info()
 
 
+    # Open as long as the gateway watches (its view of this engine's prefix cache).
+    @rpc_stream(service=SERVICE)
+    def WatchKvCache(
+        self, request: worker_pb2.WatchKvCacheRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.KvCacheEvents]:
+        return self._service.watch_kv_cache()
+
+
 def binding(servicer: WorkerServicer) -> ServiceBinding:
     return ServiceBinding(SERVICE_NAME, servicer, worker_pb2_grpc.add_WorkerServicer_to_server)

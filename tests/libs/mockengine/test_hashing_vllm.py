@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import msgspec
 import pytest
 
-from libs.mockengine.hashing import BlockHasher, LoraIdentity
+from libs.kvevents.hashing import BlockHasher, LoraIdentity
 from libs.mockengine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 PROMPTS = [

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from libs.kvlayout.layout import KvFacts
+from libs.worker.kv_cache_feed import KvCacheFeed
 from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SequenceDelta, TokenLogprob
 
 INFO = EngineInfo(
@@ -43,6 +44,7 @@ class FakeEngine:
         self.calls: list[dict[str, Any]] = []
         self._stats = EngineStats()
         self.dead = False  # a test sets it: the engine's process "died"
+        self.kv_cache_feed: KvCacheFeed | None = None  # a test sets one
 
     @property
     def info(self) -> EngineInfo:

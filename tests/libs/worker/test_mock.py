@@ -15,6 +15,7 @@ from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.config.flags import parse
 from libs.config.roles import Role
+from libs.kvevents.hashing import BlockHasher
 from libs.worker.config import WorkerConfig
 from libs.worker.errors import InvalidRequest
 from libs.worker.mock import mock_options, start_mock_engine
@@ -130,3 +131,29 @@ def test_the_served_models_tokenizer_bounds_the_mocks_tokens(tmp_path: Path) -> 
         None,
         None,
     )  # no config.json: the profile's model
+
+
+async def test_a_mock_worker_tells_gateways_which_blocks_it_caches_as_vllm_names_them() -> None:
+    both_config = config(Role.BOTH)
+    engine = await start_mock_engine(both_config, "127.0.0.1:1")
+    try:
+        worker = WorkerService(both_config, engine, address="127.0.0.1:1")
+        hashing = worker.info().kv_cache_events
+        hasher = BlockHasher(hashing.block_size, hashing.hash_algo, hashing.none_hash_seed)
+        prompt = list(range(1, 300))
+        request = worker_pb2.GenerateRequest(
+            metadata=common_pb2.RequestMetadata(request_id="r1", cache_salt="tenant-a"),
+            prompt_token_ids=prompt,
+            sampling=common_pb2.SamplingParams(max_tokens=2, temperature=0),
+        )
+        _ = [r async for r in worker.generate(request)]
+        watch = worker.watch_kv_cache()
+        snapshot = await anext(watch)
+        await watch.aclose()
+        [update] = snapshot.updates
+        keys = hasher.keys(prompt, cache_salt="tenant-a")
+        assert update.cleared and len(keys) == len(prompt) // hashing.block_size
+        assert set(keys) <= set(update.stored)
+        assert not set(hasher.keys(prompt)) & set(update.stored)  # another salt: other blocks
+    finally:
+        await engine.shutdown()

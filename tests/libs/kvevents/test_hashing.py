@@ -9,7 +9,7 @@ import pickle
 import cbor2
 import pytest
 
-from libs.mockengine.hashing import BlockHasher, LoraIdentity, event_extra_keys, hash_function
+from libs.kvevents.hashing import BlockHasher, LoraIdentity, event_extra_keys, hash_function
 
 
 def test_the_first_blocks_parent_is_the_hash_of_vllms_fixed_seed() -> None:

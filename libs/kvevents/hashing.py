@@ -1,10 +1,12 @@
 """Prefix-cache block hashes computed exactly as vLLM 0.32 computes them, without vLLM.
 
-Why a copy: importing `vllm.v1.core.kv_cache_utils` pulls torch (about 18 s and 670 MB),
-and a fleet of mock workers must stay light. Why exact: the mock's KV events feed routers
-and planners that must agree with what real engines publish, so a prompt must hash to the
-same bytes on a mock and on vLLM (tests/libs/mockengine/test_hashing_vllm.py checks it
-against the installed vLLM).
+Who needs them: the mock engine, whose KV events must name the blocks a real engine would,
+and the gateways, which hash each prompt to look it up in the blocks the workers' KV events
+say they cache (libs/gateway/fleet/routing/kv_events.py). Why a copy: importing
+`vllm.v1.core.kv_cache_utils` pulls torch (about 18 s and 670 MB), and neither a gateway nor
+a fleet of mock workers may pay that. Why exact: a prompt must hash to the same bytes on a
+mock, on vLLM and in a gateway (tests/libs/mockengine/test_hashing_vllm.py checks it against
+the installed vLLM).
 
 What vLLM does (vllm/v1/core/kv_cache_utils.py and vllm/utils/hashing.py):
 - NONE_HASH, the parent of a prompt's first block, is hash_fn(seed) where the seed is
@@ -14,6 +16,8 @@ What vLLM does (vllm/v1/core/kv_cache_utils.py and vllm/utils/hashing.py):
 - extra_keys is None, or a tuple of tagged keys in this order: ("lora", name, path) on every
   block of a LoRA request, (multimodal keys, not simulated), ("cache_salt", salt) on the
   first block only (token index 0).
+- KV events publish each hash as its low 64 bits, an integer (vLLM's maybe_convert_block_hash
+  under VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, on by default): `block_key`.
 - `--prefix-caching-hash-algo`: "sha256" (the default: pickle, highest protocol, then
   SHA-256) or "sha256_cbor" (canonical CBOR, then SHA-256). The xxhash variants use a random
   per-process seed and are not simulated.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -34,6 +38,29 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 DEFAULT_HASH_ALGO = "sha256"
 
 HashFn = Callable[[Any], bytes]
+# The algorithms whose seed is reproducible: vLLM seeds xxhash with random bytes per process
+# unless PYTHONHASHSEED is set, so nobody outside the engine can compute its hashes.
+SEEDED_BY_DEFAULT = frozenset({"sha256", "sha256_cbor"})
+
+
+def none_hash_seed(algo: str, environment: Mapping[str, str]) -> str | None:
+    """The seed vLLM derives the first block's parent from (resolve_none_hash_seed), in an engine
+    started with `environment`; None when it is random (xxhash without PYTHONHASHSEED)."""
+    seed = environment.get("PYTHONHASHSEED")
+    if seed is not None:
+        return seed
+    return DEFAULT_NONE_HASH_SEED if algo in SEEDED_BY_DEFAULT else None
+
+
+def block_key(block_hash: bytes | int) -> int:
+    """A block hash as KV events carry it: vLLM's integer form (the hash's low 64 bits), so
+    byte hashes (the mock's events, a gateway's own hashing) and integers compare equal."""
+    if isinstance(block_hash, int):
+        return block_hash & _LOW_64_BITS
+    return int.from_bytes(block_hash, byteorder="big") & _LOW_64_BITS
+
+
+_LOW_64_BITS = (1 << 64) - 1
 
 
 def sha256_pickle(value: Any) -> bytes:
@@ -126,6 +153,10 @@ class BlockHasher:
         result: list[bytes] = []
         self.extend(result, token_ids, cache_salt=cache_salt, lora=lora)
         return result
+
+    def keys(self, token_ids: Sequence[int], *, cache_salt: str = "") -> list[int]:
+        """Every full block's `block_key`, first block first: what KV events name them by."""
+        return [block_key(h) for h in self.hashes(token_ids, cache_salt=cache_salt)]
 
 
 def event_extra_keys(extra_keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
