@@ -31,6 +31,7 @@ from libs.gateway.fleet.health_watch import WatchedHealth
 from libs.gateway.fleet.kvstore_lookup import KvStoreLookup
 from libs.gateway.fleet.pool import WorkerPool
 from libs.gateway.fleet.routing import create_policy
+from libs.gateway.fleet.routing.kv_events import KvEvents
 from libs.gateway.serving.generate import Serving
 from libs.gateway.serving.local_detokenize import load_decoder
 from libs.planner import local_planner
@@ -134,6 +135,8 @@ async def _context(
         # The local stack's workers already serve; given ones may still be loading.
         wait_for_workers_s=0.0 if config.launches_stack else config.wait_for_workers_s,
         shared_streams=config.worker_streams == "shared",
+        # The policy routes on the engines' KV events: follow them.
+        watch_kv_cache=config.routing == KvEvents.name,
     )
     # vLLM's token-count histograms are bucketed by the model's context length.
     vllm_metrics.configure(fleet.facts.current.max_model_len)

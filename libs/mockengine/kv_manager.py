@@ -14,8 +14,8 @@ The rules kept from vLLM (vllm/v1/core/kv_cache_manager.py):
 
 from __future__ import annotations
 
-from libs.mockengine.blocks import BlockPool, KvBlock
 from libs.kvevents.hashing import BlockHasher
+from libs.mockengine.blocks import BlockPool, KvBlock
 from libs.mockengine.request import SimRequest
 
 

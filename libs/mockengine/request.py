@@ -12,8 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.mockengine.blocks import KvBlock
 from libs.kvevents.hashing import LoraIdentity
+from libs.mockengine.blocks import KvBlock
 from libs.mockengine.protocol import SamplingSpec
 
 

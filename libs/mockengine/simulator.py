@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from libs.kvevents.hashing import BlockHasher, LoraIdentity
 from libs.mockengine.blocks import BlockPool
 from libs.mockengine.config import ResolvedConfig
-from libs.kvevents.hashing import BlockHasher, LoraIdentity
 from libs.mockengine.kv_events import KvEvent
 from libs.mockengine.kv_manager import KvCacheManager
 from libs.mockengine.leases import LeaseTable

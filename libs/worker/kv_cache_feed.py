@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from libs.kvevents.cached_blocks import CachedBlocks, KvCacheUpdate
 from libs.kvevents.hashing import BlockHasher
@@ -47,7 +47,7 @@ class KvCacheFeed:
     def block_count(self) -> int:
         return len(self._blocks)
 
-    async def watch(self) -> AsyncIterator[tuple[KvCacheUpdate, ...]]:
+    async def watch(self) -> AsyncGenerator[tuple[KvCacheUpdate, ...], None]:
         """A snapshot first, then each published batch of updates."""
         watcher = _Watcher(asyncio.get_running_loop(), self._max_pending)
         with self._lock:

@@ -4,7 +4,7 @@ WatchKvCache's messages."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -13,9 +13,9 @@ from google.protobuf.descriptor import FieldDescriptor
 from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
-from libs.worker.config import WorkerConfig
 from libs.kvevents.cached_blocks import KvCacheUpdate
 from libs.kvevents.hashing import BlockHasher
+from libs.worker.config import WorkerConfig
 from libs.worker.engine import EngineInfo, EngineStats
 from libs.worker.speculative import spec_decode_stats
 
@@ -89,11 +89,12 @@ def worker_info(
 
 async def kv_cache_events(
     batches: AsyncIterator[tuple[KvCacheUpdate, ...]],
-) -> AsyncIterator[worker_pb2.KvCacheEvents]:
+) -> AsyncGenerator[worker_pb2.KvCacheEvents, None]:
     async for updates in batches:
         yield worker_pb2.KvCacheEvents(
             updates=[
-                worker_pb2.KvCacheUpdate(cleared=u.cleared, removed=u.removed, stored=u.stored) for u in updates
+                worker_pb2.KvCacheUpdate(cleared=u.cleared, removed=u.removed, stored=u.stored)
+                for u in updates
             ]
         )
 

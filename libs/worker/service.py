@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -259,9 +259,11 @@ class WorkerService:
 
     def info(self) -> worker_pb2.WorkerInfo:
         feed = self._engine.kv_cache_feed
-        return worker_info(self._config, self._engine.info, self._layout, feed.hasher if feed is not None else None)
+        return worker_info(
+            self._config, self._engine.info, self._layout, feed.hasher if feed is not None else None
+        )
 
-    def watch_kv_cache(self) -> AsyncIterator[worker_pb2.KvCacheEvents]:
+    def watch_kv_cache(self) -> AsyncGenerator[worker_pb2.KvCacheEvents, None]:
         feed = self._engine.kv_cache_feed
         if feed is None:
             raise FailedPrecondition("this worker's engine publishes no KV cache events")

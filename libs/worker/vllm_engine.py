@@ -33,8 +33,8 @@ from libs.kvconnector.vllm_connector import register as register_kvstore_connect
 from libs.kvlayout.from_vllm import engine_kv_facts
 from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLimits, SequenceDelta
 from libs.worker.errors import EngineUnavailable, InvalidRequest
-from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
 from libs.worker.kv_cache_feed import KvCacheFeed
+from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
 from libs.worker.vllm_grammar_prefix import GRAMMAR_PREFIX, scheduler_for
 from libs.worker.vllm_kv_events import EventReader, block_hasher, events_config, private_endpoint
 from libs.worker.vllm_moved_penalties import PROCESSOR as MOVED_PENALTIES_PROCESSOR
@@ -53,7 +53,11 @@ class VllmEngine:
     AsyncLLM's does; `OutputRouter` reads its outputs, one message per engine step."""
 
     def __init__(
-        self, parts: _Parts, stats: CapturingStatLogger, info: EngineInfo, kv_events_endpoint: str
+        self,
+        parts: _Parts,
+        stats: CapturingStatLogger,
+        info: EngineInfo,
+        kv_events: EventReader | None = None,
     ) -> None:
         self._parts = parts
         self._client = parts.client
@@ -65,11 +69,8 @@ class VllmEngine:
         # Each running request's stream and vLLM request ids, by the worker's request id.
         self._running: dict[str, tuple[RequestStream, list[str]]] = {}
         self._model_config = parts.vllm_config.model_config
-        hasher = block_hasher(parts.vllm_config.cache_config)
-        self.kv_cache_feed: KvCacheFeed | None = KvCacheFeed(hasher) if hasher is not None else None
-        self._kv_events = EventReader(kv_events_endpoint, self.kv_cache_feed) if self.kv_cache_feed is not None else None
-        if hasher is None:
-            log.info("the engine's block hashes cannot be computed outside it: no KV events for routing")
+        self._kv_events = kv_events
+        self.kv_cache_feed: KvCacheFeed | None = kv_events.feed if kv_events is not None else None
 
     @classmethod
     def start(cls, engine_kwargs: dict[str, Any]) -> VllmEngine:
@@ -82,11 +83,17 @@ class VllmEngine:
             vllm_mm_embeds.install()  # Idefics3's prompt expansion for embeddings (vLLM's gap)
         # The engine publishes its KV cache events where only this worker reads them.
         kv_events_endpoint = private_endpoint()
-        parts = _Parts.start(engine_args({**engine_kwargs, "kv_events_config": events_config(kv_events_endpoint)}))
+        parts = _Parts.start(
+            engine_args({**engine_kwargs, "kv_events_config": events_config(kv_events_endpoint)})
+        )
         stats = CapturingStatLogger.latest
         if stats is None:
             raise RuntimeError("vLLM did not create Cleave's stat logger")
-        return cls(parts, stats, _engine_info(parts.vllm_config), kv_events_endpoint)
+        hasher = block_hasher(parts.vllm_config.cache_config)
+        if hasher is None:
+            log.info("the engine's block hashes cannot be computed outside it: no KV events for routing")
+        kv_events = EventReader(kv_events_endpoint, KvCacheFeed(hasher)) if hasher is not None else None
+        return cls(parts, stats, _engine_info(parts.vllm_config), kv_events)
 
     @property
     def info(self) -> EngineInfo:

@@ -50,9 +50,9 @@ class EventReader:
     """Reads the engine's event socket on a daemon thread until closed."""
 
     def __init__(self, endpoint: str, feed: KvCacheFeed) -> None:
-        self._feed = feed
+        self.feed = feed
         self._socket = zmq.Context.instance().socket(zmq.SUB)
-        # Connected before the engine binds, so its first batch is not missed.
+        # The engine has bound its socket and published nothing yet (no request has run).
         self._socket.connect(endpoint)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._decoder = msgspec.msgpack.Decoder(KVEventBatch)
@@ -70,16 +70,18 @@ class EventReader:
             _topic, seq_bytes, payload = self._socket.recv_multipart()
             seq = int.from_bytes(seq_bytes, "big", signed=True)
             if expected is not None and seq != expected:
-                log.warning("kv events lost; the gateways' view of this cache restarts", expected=expected, got=seq)
-                self._feed.lost()
+                log.warning(
+                    "kv events lost; the gateways' view of this cache restarts", expected=expected, got=seq
+                )
+                self.feed.lost()
             expected = seq + 1
             try:
                 batch = self._decoder.decode(payload)
             except msgspec.DecodeError as error:
                 log.warning("undecodable kv event batch; the gateways' view restarts", error=str(error))
-                self._feed.lost()
+                self.feed.lost()
                 continue
-            self._feed.publish(updates_from_events(batch.events))
+            self.feed.publish(updates_from_events(batch.events))
         self._socket.close(linger=0)
 
     def close(self) -> None:

@@ -115,12 +115,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.WorkerInfo:
         return self._service.info()
 
-
     # Open as long as the gateway watches (its view of this engine's prefix cache).
     @rpc_stream(service=SERVICE)
     def WatchKvCache(
         self, request: worker_pb2.WatchKvCacheRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[worker_pb2.KvCacheEvents]:
+    ) -> AsyncGenerator[worker_pb2.KvCacheEvents, None]:
         return self._service.watch_kv_cache()
 
 

@@ -43,6 +43,7 @@ async def connect_fleet(
     worker_dns_refresh_s: float = 0.0,
     wait_for_workers_s: float = 0.0,
     shared_streams: bool = True,
+    watch_kv_cache: bool = False,
 ) -> Fleet:
     """Connects to the workers; everything opened is closed by `cleanup`. With
     `worker_dns_refresh_s` > 0 a worker host name stands for all its DNS addresses, looked up
@@ -50,13 +51,25 @@ async def connect_fleet(
     `wait_for_workers_s`: how long to wait for a first worker to answer (workers started
     beside the gateway, in compose or Kubernetes, may still be loading their model)."""
     if worker_dns_refresh_s > 0:
-        pool = WorkerPool({}, security=security, breaker=breaker, shared_streams=shared_streams)
+        pool = WorkerPool(
+            {},
+            security=security,
+            breaker=breaker,
+            shared_streams=shared_streams,
+            watch_kv_cache=watch_kv_cache,
+        )
         cleanup.push_async_callback(pool.close)
         discovery = WorkerDiscovery(pool, workers, refresh_s=worker_dns_refresh_s)
         cleanup.push_async_callback(discovery.close)
         await discovery.start()
     else:
-        pool = WorkerPool(workers, security=security, breaker=breaker, shared_streams=shared_streams)
+        pool = WorkerPool(
+            workers,
+            security=security,
+            breaker=breaker,
+            shared_streams=shared_streams,
+            watch_kv_cache=watch_kv_cache,
+        )
         cleanup.push_async_callback(pool.close)
     collector = WorkerStatsCollector(pool)
     prometheus_client.REGISTRY.register(collector)

@@ -26,7 +26,10 @@ from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
 from libs.config.roles import Role
 from libs.gateway.fleet.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from libs.gateway.fleet.health_watch import watch_health
+from libs.gateway.fleet.kv_cache_watch import watch_kv_cache
 from libs.gateway.fleet.shared_stream import GenerateCall, SharedStream
+from libs.kvevents.cached_blocks import CachedBlocks
+from libs.kvevents.hashing import BlockHasher
 from libs.rpc.channel import open_channel
 from libs.rpc.security import RpcSecurity
 
@@ -57,6 +60,10 @@ class Endpoint:
     shared_stream: SharedStream | None = None
     # The worker's own health service: False while it says NOT_SERVING (loading, draining).
     serving: bool = True
+    # What its engine's prefix cache holds and how it names blocks, from its KV events, while
+    # the pool watches them (kv_cache_watch.py); None: not known.
+    cached_blocks: CachedBlocks | None = None
+    kv_hasher: BlockHasher | None = None
 
     def __post_init__(self) -> None:
         given: CircuitBreaker | None = self.breaker
@@ -102,8 +109,11 @@ class WorkerPool:
         security: RpcSecurity | None = None,
         clock: Callable[[], float] = time.monotonic,
         shared_streams: bool = True,
+        watch_kv_cache: bool = False,
     ) -> None:
         self._shared_streams = shared_streams  # --worker-streams shared
+        # Follow each worker's KV events (a routing policy reads them: kv_events).
+        self._watch_kv_cache = watch_kv_cache
         self._poll_interval_s = poll_interval_s
         self._poll_timeout_s = poll_timeout_s
         self._breaker = breaker or BreakerConfig()
@@ -115,8 +125,8 @@ class WorkerPool:
         # Called (with no argument) after each poll round, on each breaker transition and
         # each change of a worker's health status.
         self.listeners: list[Callable[[], None]] = []
-        # Each endpoint's health watch (health_watch.py), once the pool has started.
-        self._watches: dict[int, asyncio.Task[None]] = {}
+        # Each endpoint's health watch (health_watch.py) and KV cache watch, once the pool has started.
+        self._watches: dict[int, list[asyncio.Task[None]]] = {}
         self._task: asyncio.Task[None] | None = None
         for role, role_addresses in addresses.items():
             for address in role_addresses:
@@ -237,14 +247,17 @@ class WorkerPool:
                 )
                 self._changed()
 
-        task = asyncio.create_task(
-            watch_health(endpoint.channel, endpoint.address, heard, self._poll_interval_s)
-        )
-        self._watches[id(endpoint)] = task
+        tasks = [
+            asyncio.create_task(
+                watch_health(endpoint.channel, endpoint.address, heard, self._poll_interval_s)
+            )
+        ]
+        if self._watch_kv_cache:
+            tasks.append(asyncio.create_task(watch_kv_cache(endpoint, self._poll_interval_s)))
+        self._watches[id(endpoint)] = tasks
 
     def _unwatch(self, endpoint: Endpoint) -> None:
-        task = self._watches.pop(id(endpoint), None)
-        if task is not None:
+        for task in self._watches.pop(id(endpoint), []):
             task.cancel()
 
     async def _poll_forever(self) -> None:
@@ -255,7 +268,8 @@ class WorkerPool:
     async def close(self) -> None:
         # The poller and the health watches end before their channels close, so that no call
         # of theirs is still in flight (grpc.aio would finish it on a loop that may be gone).
-        tasks = [t for t in (self._task, *self._watches.values()) if t is not None]
+        watches = [t for endpoint_tasks in self._watches.values() for t in endpoint_tasks]
+        tasks = [t for t in (self._task, *watches) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

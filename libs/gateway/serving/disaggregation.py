@@ -23,8 +23,7 @@ import structlog
 
 from libs.gateway.common import metrics
 from libs.gateway.fleet.pool import Endpoint
-from libs.gateway.fleet.routing import RoutingPolicy
-from libs.gateway.fleet.routing.prefix_affinity import PrefixAffinity, block_hashes
+from libs.gateway.fleet.routing import PrefixCacheEstimate, RoutingPolicy
 
 log = structlog.get_logger(__name__)
 
@@ -129,11 +128,11 @@ def _load(endpoint: Endpoint, *, own: int) -> int:
 
 class PrefixEstimate:
     """The decode routing policy's estimate of the prompt tokens each candidate caches, read
-    before the policy's pick records the prompt under its choice (only prefix_affinity keeps
-    one; other policies estimate 0)."""
+    before the policy's pick (prefix_affinity's memory of where prompts went, kv_events' view of
+    the engines' own caches; other policies estimate 0)."""
 
     def __init__(self, policy: RoutingPolicy) -> None:
-        self._policy = policy if isinstance(policy, PrefixAffinity) else None
+        self._policy = policy if isinstance(policy, PrefixCacheEstimate) else None
         self.by_address: dict[str, int] = {}
 
     def observe(
@@ -141,9 +140,7 @@ class PrefixEstimate:
     ) -> None:
         if self._policy is None:
             return
-        hashes = block_hashes(prompt_token_ids, salt=cache_salt)
-        for endpoint in candidates:
-            self.by_address[endpoint.address] = self._policy.cached_tokens(endpoint.address, hashes)
+        self.by_address.update(self._policy.cached_tokens(candidates, prompt_token_ids, cache_salt))
 
     def cached_tokens(self, address: str) -> int:
         return self.by_address.get(address, 0)

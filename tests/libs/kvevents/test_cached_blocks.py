@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libs.kvevents.cached_blocks import CachedBlocks, KvCacheUpdate, updates_from_events
@@ -11,13 +12,13 @@ from libs.kvevents.hashing import BlockHasher, block_key
 # Stand-ins with vLLM's class names and fields (the mock's events are the same shape).
 @dataclass
 class BlockStored:
-    block_hashes: list[bytes | int]
+    block_hashes: Sequence[bytes | int]
     medium: str | None = "GPU"
 
 
 @dataclass
 class BlockRemoved:
-    block_hashes: list[bytes | int]
+    block_hashes: Sequence[bytes | int]
     medium: str | None = "GPU"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from libs.mockengine.blocks import BlockPool
 from libs.kvevents.hashing import BlockHasher, LoraIdentity
+from libs.mockengine.blocks import BlockPool
 from libs.mockengine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from libs.mockengine.kv_manager import KvCacheManager
 from libs.mockengine.protocol import SamplingSpec

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from libs.kvlayout.layout import KvFacts
-from libs.worker.kv_cache_feed import KvCacheFeed
 from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SequenceDelta, TokenLogprob
+from libs.worker.kv_cache_feed import KvCacheFeed
 
 INFO = EngineInfo(
     model="fake",

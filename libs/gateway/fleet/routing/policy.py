@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from libs.gateway.fleet.pool import Endpoint
 
@@ -17,6 +17,16 @@ class RoutingPolicy(Protocol):
         """Chooses one of `candidates` (never empty, all healthy). `cache_salt`: the request's
         (engines reuse KV only between requests with the same salt)."""
         ...
+
+
+@runtime_checkable
+class PrefixCacheEstimate(Protocol):
+    """A policy that knows which prompt tokens each worker caches (conditional disaggregation
+    reads it: libs/gateway/serving/disaggregation.py)."""
+
+    def cached_tokens(
+        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+    ) -> dict[str, int]: ...
 
 
 POLICIES: dict[str, Callable[[], RoutingPolicy]] = {}

@@ -56,11 +56,19 @@ class PrefixAffinity:
         self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
     ) -> Endpoint:
         hashes = block_hashes(prompt_token_ids, salt=cache_salt)
-        chosen = max(candidates, key=lambda e: (self._score(e, hashes), -_load(e), e.address))
+        chosen = max(candidates, key=lambda e: (self._score(e, hashes), -load(e), e.address))
         self._remember(hashes, chosen.address)
         return chosen
 
-    def cached_tokens(self, address: str, hashes: Sequence[bytes]) -> int:
+    def cached_tokens(
+        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+    ) -> dict[str, int]:
+        """Each candidate's prompt tokens this policy thinks it holds (read before `pick`
+        records the prompt under its choice)."""
+        hashes = block_hashes(prompt_token_ids, salt=cache_salt)
+        return {e.address: self._remembered_tokens(e.address, hashes) for e in candidates}
+
+    def _remembered_tokens(self, address: str, hashes: Sequence[bytes]) -> int:
         matched = 0
         for block in hashes:
             if self._owner.get(block) != address:
@@ -69,7 +77,7 @@ class PrefixAffinity:
         return matched * BLOCK_TOKENS
 
     def _score(self, endpoint: Endpoint, hashes: Sequence[bytes]) -> float:
-        return self.cached_tokens(endpoint.address, hashes) - self._penalty * _load(endpoint)
+        return self._remembered_tokens(endpoint.address, hashes) - self._penalty * load(endpoint)
 
     def _remember(self, hashes: Sequence[bytes], address: str) -> None:
         for block in hashes:
@@ -79,5 +87,6 @@ class PrefixAffinity:
             self._owner.popitem(last=False)
 
 
-def _load(endpoint: Endpoint) -> int:
+def load(endpoint: Endpoint) -> int:
+    """Requests queued or running on the worker: this gateway's in flight and its polled own."""
     return endpoint.admitted + endpoint.stats.num_waiting + endpoint.stats.num_running

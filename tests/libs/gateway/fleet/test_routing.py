@@ -8,6 +8,9 @@ from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.gateway.fleet.pool import Endpoint
 from libs.gateway.fleet.routing import POLICIES, create_policy
+from libs.gateway.fleet.routing.kv_events import KvEvents
+from libs.kvevents.cached_blocks import CachedBlocks, KvCacheUpdate
+from libs.kvevents.hashing import BlockHasher
 
 
 def endpoint(address: str, **stats: Any) -> Endpoint:
@@ -26,7 +29,8 @@ def endpoint(address: str, **stats: Any) -> Endpoint:
 def test_registry_knows_the_policies() -> None:
     assert {"round_robin", "least_load"} <= set(POLICIES)
     with pytest.raises(
-        ValueError, match="unknown routing policy 'random'; known: least_load, prefix_affinity, round_robin"
+        ValueError,
+        match="unknown routing policy 'random'; known: kv_events, least_load, prefix_affinity, round_robin",
     ):
         create_policy("random")
 
@@ -114,12 +118,51 @@ def test_prefix_affinity_gives_way_to_load_and_ignores_partial_blocks() -> None:
 
 
 def test_prefix_affinity_memory_is_bounded() -> None:
-    from libs.gateway.fleet.routing.prefix_affinity import PrefixAffinity, block_hashes
+    from libs.gateway.fleet.routing.prefix_affinity import PrefixAffinity
 
     policy = PrefixAffinity(max_blocks=4)
     a = endpoint("a:1")
     for start in range(0, 10):
         policy.pick([a], list(range(start * 10_000, start * 10_000 + 512)))
     assert len(policy._owner) == 4
-    assert policy.cached_tokens("a:1", block_hashes(list(range(90_000, 90_512)))) == 512
-    assert policy.cached_tokens("a:1", block_hashes(list(range(0, 512)))) == 0
+    assert policy.cached_tokens([a], list(range(90_000, 90_512))) == {"a:1": 512}
+    assert policy.cached_tokens([a], list(range(0, 512))) == {"a:1": 0}
+
+
+def cached(address: str, hasher: BlockHasher, prompt: list[int], blocks: int = -1, **stats: Any) -> Endpoint:
+    """An endpoint whose engine said (through KV events) it holds `prompt`'s first `blocks` blocks."""
+    chosen = endpoint(address, **stats)
+    chosen.kv_hasher = hasher
+    chosen.cached_blocks = CachedBlocks()
+    keys = hasher.keys(prompt)
+    chosen.cached_blocks.apply(KvCacheUpdate(stored=tuple(keys if blocks < 0 else keys[:blocks])))
+    return chosen
+
+
+def test_kv_events_sends_a_prompt_where_the_engine_says_its_prefix_is_cached() -> None:
+    policy = KvEvents()
+    hasher = BlockHasher(16)
+    prompt = list(range(160))  # 10 blocks
+    candidates = [
+        cached("a:1", hasher, prompt, blocks=2),
+        cached("b:1", hasher, prompt, blocks=8),
+        cached("c:1", hasher, list(range(1000, 1160))),  # another prompt's blocks
+        endpoint("d:1"),  # no events heard: nothing known cached
+    ]
+    assert policy.pick(candidates, prompt).address == "b:1"
+    assert policy.cached_tokens(candidates, prompt) == {"a:1": 32, "b:1": 128, "c:1": 0, "d:1": 0}
+    # The same prompt under a cache salt is another prefix to the engines: nothing cached.
+    assert set(policy.cached_tokens(candidates, prompt, cache_salt="tenant").values()) == {0}
+
+
+def test_kv_events_weighs_the_cached_prefix_against_load() -> None:
+    policy = create_policy("kv_events")
+    hasher = BlockHasher(16)
+    prompt = list(range(160))
+    # 128 cached tokens are worth less than one queued request (512 tokens): the idle one wins.
+    assert (
+        policy.pick([cached("a:1", hasher, prompt, num_waiting=1), endpoint("b:1")], prompt).address == "b:1"
+    )
+    long_prompt = list(range(2000))  # 125 blocks, 2,000 cached tokens: worth queueing behind one
+    busy = cached("a:1", hasher, long_prompt, num_waiting=1)
+    assert policy.pick([busy, endpoint("b:1")], long_prompt).address == "a:1"
