@@ -6,7 +6,8 @@ makes the gateway retry that request on the other one (counted), then it is ejec
 worker killed mid-stream gives the client an error event within seconds, and the gateway stops
 routing to it.
 
-Between the two, admission control: a burst beyond the gateway's queue is refused with 429
+Between the two, a second gateway over the same workers routing on their KV events, then
+admission control: a burst beyond the gateway's queue is refused with 429
 and Retry-After while the requests admitted answer.
 
 The tests share one stack and run in file order (the last leaves no decode worker).
@@ -27,13 +28,17 @@ import psutil
 import pytest
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
+from libs.config.flags import parse
+from libs.gateway.config import GatewayConfig
+from libs.rpc.ports import read_port_file
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e.harness import Service, log_dir
+from tests.e2e.harness import Service, log_dir, start
 from tests.e2e.prompts import question, shared_prefix
 from tests.e2e.reference_vllm import ReferenceRun
 from tests.e2e.stack import (
     kill_worker,
     stack_blocking_channel,
+    stack_token_file,
     start_gateway_stack,
     stop_gateway_stack,
     stored_chunks,
@@ -190,6 +195,66 @@ def test_stored_prefixes_are_loaded_not_computed(
     reused = loaded[decode] + local[decode]
     assert reused >= 0.9 * PREFIX_TOKENS and computed[decode] == len(prompt) - reused
     assert warm == cold
+
+
+def stack_tokenizer(gateway: Service) -> str:
+    """The local stack's tokenizer address (it binds port 0 and writes the port to a file)."""
+    for child in psutil.Process(gateway.process.pid).children():
+        cmdline = child.cmdline()
+        if "services.tokenizer.main" in cmdline and "--port-file" in cmdline:
+            return f"127.0.0.1:{read_port_file(Path(cmdline[cmdline.index('--port-file') + 1]))}"
+    raise AssertionError("the local stack has no tokenizer child with a --port-file")
+
+
+def test_a_second_gateway_routing_on_kv_events_sends_a_repeated_prefix_to_the_worker_holding_it(
+    stack: tuple[Service, str], tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """A second gateway over the same workers (any number may serve one fleet), with
+    --routing kv_events: a new long prompt is computed on one prefill worker, and each repeat
+    goes back to that worker (a hit in its own prefix cache, which its KV events reported),
+    never to the other, which round_robin would have sent every other repeat to."""
+    gateway, base_url = stack
+    addresses = {role: [str(w["address"]) for w in workers(base_url, role)] for role in ("prefill", "decode")}
+    flags = [
+        "--port", "0", "--routing", "kv_events", "--max-model-len", str(MAX_MODEL_LEN),
+        "--tokenizer", stack_tokenizer(gateway),
+        "--prefill-workers", ",".join(addresses["prefill"]), "--decode-workers", ",".join(addresses["decode"]),
+        "--grpc-token-file", str(stack_token_file(tmp_path)),
+    ]  # fmt: skip
+    second = start("gateway-kv-events", "services.gateway.main", parse(GatewayConfig, flags))
+    try:
+        url = second.wait_http_ready(120)
+        prompt = shared_prefix(tokenizer, seed=11, tokens=1500) + question(
+            tokenizer, "Which word is longest?"
+        )
+        body = {"model": served_model(base_url), "prompt": prompt, "max_tokens": 2, "temperature": 0}
+        everyone = addresses["prefill"]
+        hits: list[dict[str, int]] = []
+        computed: list[dict[str, int]] = []
+        for _ in range(3):
+            before = {a: worker_stats(a) for a in everyone}
+            response = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+            assert response.status_code == 200, response.text
+            time.sleep(1.5)  # vLLM's stat loggers run after the step
+            after = {a: worker_stats(a) for a in everyone}
+            hits.append(
+                {
+                    a: after[a].prompt_tokens_local_cache_hit - before[a].prompt_tokens_local_cache_hit
+                    for a in everyone
+                }
+            )
+            computed.append(
+                {a: after[a].prompt_tokens_computed - before[a].prompt_tokens_computed for a in everyone}
+            )
+        print(f"kv_events routing, the same prompt three times: local cache hits {hits}, computed {computed}")
+        first = max(everyone, key=lambda a: computed[0][a] + hits[0][a])
+        other = next(a for a in everyone if a != first)
+        full_blocks = (len(prompt) - 1) // 128 * 128  # vLLM computes the last token; CPU blocks of 128
+        for repeat in (1, 2):
+            assert hits[repeat][first] >= full_blocks, (repeat, hits, computed)
+            assert hits[repeat][other] == 0 and computed[repeat][other] == 0, (repeat, hits, computed)
+    finally:
+        second.stop()
 
 
 def test_a_burst_beyond_the_queue_is_429_with_retry_after(stack: tuple[Service, str]) -> None:

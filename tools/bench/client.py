@@ -63,6 +63,7 @@ class Outcome:
     content_chunks: int = 0
     completion_tokens: int | None = None  # from the usage chunk
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # with --enable-prompt-tokens-details
     text: str = ""
 
     @property
@@ -100,6 +101,7 @@ class _Stream:
         if chunk.usage is not None:
             self.outcome.completion_tokens = chunk.usage.completion_tokens
             self.outcome.prompt_tokens = chunk.usage.prompt_tokens
+            self.outcome.cached_tokens = chunk.usage.cached_tokens
         return False
 
 

@@ -53,6 +53,8 @@ class SseDecoder:
 class Usage:
     prompt_tokens: int | None
     completion_tokens: int | None
+    # Prompt tokens the engine did not compute (prompt_tokens_details, when the server reports it).
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,11 @@ def parse_chunk(event: SseEvent) -> Chunk:
     usage = payload.get("usage")
     return Chunk(
         text="".join(texts),
-        usage=Usage(_int_or_none(usage.get("prompt_tokens")), _int_or_none(usage.get("completion_tokens")))
+        usage=Usage(
+            _int_or_none(usage.get("prompt_tokens")),
+            _int_or_none(usage.get("completion_tokens")),
+            _int_or_none((usage.get("prompt_tokens_details") or {}).get("cached_tokens")),
+        )
         if isinstance(usage, dict)
         else None,
     )
