@@ -62,6 +62,8 @@ class _Progress:
     # Workers that refused the request because they were draining (nothing of it ran there).
     refused_by: list[str] = field(default_factory=list)
     rerouted: bool = False  # the last worker refused it: send it to another
+    # A stop string ended a sequence here while its engine still runs it.
+    stopped_here: bool = False
 
 
 class Decode:
@@ -243,8 +245,12 @@ class Decode:
                 yield event
                 if event.finish_reason is not None:
                     progress.open_sequences.discard(chunk.index)
-                    if not progress.open_sequences:
-                        # Stop strings ended every sequence: stop the engine now.
+                    if chunk.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+                        progress.stopped_here = True
+                    if not progress.open_sequences and progress.stopped_here:
+                        # Stop strings ended the last sequences the engine still runs: stop it
+                        # now. When the engine ended them all, its `complete` (with the usage's
+                        # cached tokens) follows at once.
                         call.cancel()
                         yield Finished(
                             len(spec.prompt_token_ids),

@@ -147,6 +147,8 @@ async def test_a_mock_worker_tells_gateways_which_blocks_it_caches_as_vllm_names
             sampling=common_pb2.SamplingParams(max_tokens=2, temperature=0),
         )
         _ = [r async for r in worker.generate(request)]
+        again = [r async for r in worker.generate(request)]
+        assert again[-1].complete.usage.cached_prompt_tokens == len(prompt) // hashing.block_size * hashing.block_size
         watch = worker.watch_kv_cache()
         snapshot = await anext(watch)
         await watch.aclose()

@@ -62,6 +62,7 @@ class FakeWorker(QuietWorkerServicer):
         self.released: list[str] = []
         self.generate_had_handoff: list[bool] = []
         self.salts: list[str] = []  # each call's metadata.cache_salt
+        self.cached_prompt_tokens = 0  # what the engine found in its prefix cache (usage)
 
     async def Prefill(
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
@@ -96,7 +97,9 @@ class FakeWorker(QuietWorkerServicer):
                     )
                 )
             usage = common_pb2.Usage(
-                prompt_tokens=len(request.prompt_token_ids), completion_tokens=len(self.tokens)
+                prompt_tokens=len(request.prompt_token_ids),
+                completion_tokens=len(self.tokens),
+                cached_prompt_tokens=self.cached_prompt_tokens,
             )
             yield worker_pb2.GenerateResponse(complete=worker_pb2.GenerateComplete(usage=usage))
         except asyncio.CancelledError:
@@ -251,6 +254,22 @@ async def test_stop_string_across_tokens_cancels_decode(stack: Stack, tokenizer:
     await pool.close()
     assert text == "The capital of France "
     assert events[-1].finish_reason == "stop"
+
+
+async def test_when_the_engine_ends_the_stream_its_usage_counts_the_cached_prompt_tokens(
+    stack: Stack, tokenizer: Tokenizer
+) -> None:
+    """The engine's own finish is followed by its `complete`: the gateway reads it (its cached
+    tokens are what --enable-prompt-tokens-details reports) instead of cancelling the call."""
+    tokens = tokenizer.encode(ANSWER, add_special_tokens=False)
+    decode = FakeWorker(tokens)
+    decode.cached_prompt_tokens = 1
+    pipeline, pool = await stack.pipeline({"both": [decode]})
+    _, events, finished = await run(pipeline, spec(tokenizer))
+    await pool.close()
+    assert events[-1].finish_reason == "stop"
+    assert finished is not None and finished.cached_prompt_tokens == 1
+    assert not decode.cancelled.is_set()
 
 
 async def test_decode_dying_mid_stream_is_an_error_not_a_hang(stack: Stack, tokenizer: Tokenizer) -> None:
