@@ -148,7 +148,10 @@ async def test_a_mock_worker_tells_gateways_which_blocks_it_caches_as_vllm_names
         )
         _ = [r async for r in worker.generate(request)]
         again = [r async for r in worker.generate(request)]
-        assert again[-1].complete.usage.cached_prompt_tokens == len(prompt) // hashing.block_size * hashing.block_size
+        assert (
+            again[-1].complete.usage.cached_prompt_tokens
+            == len(prompt) // hashing.block_size * hashing.block_size
+        )
         watch = worker.watch_kv_cache()
         snapshot = await anext(watch)
         await watch.aclose()
