@@ -5,7 +5,9 @@ Each of `--tenants` tenants has its own shared context of `--context-tokens` tok
 system prompt or document); each request is one tenant's context (drawn uniformly) plus a
 question of its own, arriving as a Poisson process at `--rate` requests per simulated second.
 The same requests go, in the same order and at the same times, to one stack per policy
-(`--policies`), `--rounds` times with the order of the policies rotated each round.
+(`--policies`), `--rounds` times with the order of the policies rotated each round. With
+`--gateways G`, G-1 more gateway processes serve the same workers (each with its own routing
+state, as replicas behind a load balancer) and the requests take turns among the G.
 
 Hit rate: prompt tokens the engines did not compute (the usage's cached_tokens, with
 --enable-prompt-tokens-details) over all prompt tokens. The oracle bound is the most any
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import secrets
 import statistics
 import sys
 import tempfile
@@ -39,6 +42,7 @@ from libs.config.flags import render
 from libs.config.groups import EngineKind
 from libs.gateway.config import GatewayConfig
 from libs.mockengine.profiles import load_profile
+from libs.rpc.ports import read_port_file
 from libs.stack import process as processes
 from libs.stack.entry_points import ServiceKind
 from libs.stack.topology import parse_mode
@@ -103,7 +107,7 @@ def oracle_bound(requests: Sequence[Request], context_tokens: int, block_size: i
     return hits / sum(len(r.prompt) for r in requests)
 
 
-def gateway_config(args: argparse.Namespace, policy: str, port_file: Path) -> GatewayConfig:
+def gateway_config(args: argparse.Namespace, policy: str, port_file: Path, token_file: Path) -> GatewayConfig:
     return GatewayConfig(
         mode=parse_mode(f"{args.workers}pd"),
         host="127.0.0.1",
@@ -119,14 +123,26 @@ def gateway_config(args: argparse.Namespace, policy: str, port_file: Path) -> Ga
         queue_timeout_s=0.0,
         request_timeout_s=0.0,
         cache_dir=args.cache_dir,
+        grpc_token_file=token_file,
     )
 
 
+def replica_config(
+    primary: GatewayConfig, port_file: Path, tokenizer: str, workers: Sequence[str]
+) -> GatewayConfig:
+    """Another gateway over the primary's local stack (the same workers and tokenizer)."""
+    return replace(
+        GatewayConfig(), host="127.0.0.1", port=0, port_file=port_file, tokenizer=tokenizer, pd_workers=tuple(workers),
+        routing=primary.routing, enable_prompt_tokens_details=True, max_queued_requests=100_000,
+        queue_timeout_s=0.0, request_timeout_s=0.0, grpc_token_file=primary.grpc_token_file,
+    )  # fmt: skip
+
+
 async def drive(
-    base: str, requests: Sequence[Request], args: argparse.Namespace
+    bases: Sequence[str], requests: Sequence[Request], args: argparse.Namespace
 ) -> tuple[list[Outcome], float]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=base, timeout=None, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
 
         def body(prompt: list[int]) -> dict[str, object]:
             return {
@@ -139,41 +155,74 @@ async def drive(
                 "stream_options": {"include_usage": True},
             }
 
-        await stream_request(client, "/v1/completions", body([FIRST_ID] * 8))  # warm-up, not measured
+        for base in bases:  # warm-up, not measured
+            await stream_request(client, f"{base}/v1/completions", body([FIRST_ID] * 8))
         started = time.perf_counter()
 
-        async def one(request: Request) -> Outcome:
+        async def one(index: int, request: Request) -> Outcome:
             delay = started + request.arrival_s * args.time_scale - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            return await stream_request(client, "/v1/completions", body(request.prompt))
+            base = bases[index % len(bases)]  # the gateways take turns, as behind a load balancer
+            return await stream_request(client, f"{base}/v1/completions", body(request.prompt))
 
-        outcomes = await asyncio.gather(*(one(r) for r in requests))
+        outcomes = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
         return list(outcomes), time.perf_counter() - started
 
 
 def run_policy(args: argparse.Namespace, policy: str, requests: Sequence[Request], round_: int) -> PolicyRun:
-    port_file = Path(tempfile.mkdtemp(prefix="cleave-kv-routing-")) / "gateway.port"
-    config = gateway_config(args, policy, port_file)
-    spec = processes.ProcessSpec(
-        "gateway", processes.python_module(ENTRY_POINTS.module(ServiceKind.GATEWAY), render(config))
-    )
-    gateway = processes.start(spec, args.out_dir / "logs" / f"{policy}-{round_}")
+    folder = Path(tempfile.mkdtemp(prefix="cleave-kv-routing-"))
+    token_file = folder / "grpc-token"
+    token_file.write_text(secrets.token_urlsafe(32))
+    token_file.chmod(0o600)
+    logs = args.out_dir / "logs" / f"{policy}-{round_}"
+    primary = gateway_config(args, policy, folder / "gateway.port", token_file)
+    gateways = [start_gateway("gateway", primary, logs)]
     try:
-        deadline = time.monotonic() + 600
-        while not port_file.exists() or not port_file.read_text().strip():
-            if gateway.exit_code() is not None or time.monotonic() > deadline:
-                raise gateway.failure("did not report its port")
-            time.sleep(0.2)
-        base = f"http://127.0.0.1:{port_file.read_text().strip()}"
-        asyncio.run(
-            processes.wait_ready([replace(gateway, spec=replace(spec, health_url=f"{base}/ready"))], 600)
+        bases = [wait_serving(*gateways[0], 600)]
+        if args.gateways > 1:
+            health = httpx.get(f"{bases[0]}/health", timeout=30).json()
+            workers = [str(w["address"]) for w in health["workers"]]
+            tokenizer_port = read_port_file(primary.log_dir / f"tokenizer.{gateways[0][0].pid}.port")
+            for index in range(1, args.gateways):
+                replica = replica_config(
+                    primary, folder / f"gateway-{index}.port", f"127.0.0.1:{tokenizer_port}", workers
+                )
+                gateways.append(start_gateway(f"gateway-{index}", replica, logs))
+            bases += [wait_serving(*g, 120) for g in gateways[1:]]
+        print(
+            f"round {round_}, {policy}: {len(requests)} requests over {len(bases)} gateways",
+            file=sys.stderr,
+            flush=True,
         )
-        print(f"round {round_}, {policy}: {len(requests)} requests", file=sys.stderr, flush=True)
-        outcomes, wall_s = asyncio.run(drive(base, requests, args))
+        outcomes, wall_s = asyncio.run(drive(bases, requests, args))
     finally:
-        gateway.stop(60.0)
+        for process, _config in reversed(gateways):
+            process.stop(60.0)
     return PolicyRun(policy, round_, outcomes, wall_s)
+
+
+def start_gateway(
+    name: str, config: GatewayConfig, logs: Path
+) -> tuple[processes.RunningProcess, GatewayConfig]:
+    spec = processes.ProcessSpec(
+        name, processes.python_module(ENTRY_POINTS.module(ServiceKind.GATEWAY), render(config))
+    )
+    return processes.start(spec, logs), config
+
+
+def wait_serving(process: processes.RunningProcess, config: GatewayConfig, timeout_s: float) -> str:
+    """The gateway's base URL once it reported its port and says it is ready."""
+    assert config.port_file is not None
+    deadline = time.monotonic() + timeout_s
+    while not config.port_file.exists() or not config.port_file.read_text().strip():
+        if process.exit_code() is not None or time.monotonic() > deadline:
+            raise process.failure("did not report its port")
+        time.sleep(0.2)
+    base = f"http://127.0.0.1:{config.port_file.read_text().strip()}"
+    ready = replace(process, spec=replace(process.spec, health_url=f"{base}/ready"))
+    asyncio.run(processes.wait_ready([ready], timeout_s))
+    return base
 
 
 def report(runs: Sequence[PolicyRun], bound: float, args: argparse.Namespace) -> str:
@@ -182,7 +231,7 @@ def report(runs: Sequence[PolicyRun], bound: float, args: argparse.Namespace) ->
         f"Simulated: {args.workers} mock workers (`{args.workers}pd`), profile {args.profile}, time scale "
         f"{args.time_scale:g}; {args.tenants} tenants x {args.context_tokens}-token contexts + "
         f"{args.question_tokens}-token questions, {args.output_tokens} output tokens, {args.requests} requests "
-        f"at {args.rate:g}/s (simulated), seed {args.seed}; host {cpu['model']} "
+        f"at {args.rate:g}/s (simulated) through {args.gateways} gateway(s), seed {args.seed}; host {cpu['model']} "
         f"({', '.join(cpu['flags'])}), {cpu['cores']} cores. Oracle bound {bound:.3f}.",
         "",
         "| policy | round | errors | hit rate | ÷ oracle bound | TTFT p50 ms | TTFT p90 ms |",
@@ -218,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.5, help="wall seconds per simulated second")
     parser.add_argument("--policies", nargs="+", default=["kv_events", "prefix_affinity", "round_robin"])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--gateways", type=int, default=1, help="gateway processes over the same workers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "cleave")
     parser.add_argument("--out-dir", type=Path, required=True)
