@@ -1,5 +1,6 @@
-"""Client channels: Cleave's message limits, keepalive, request-id propagation and, when
-configured, TLS/mTLS and the shared bearer token (security.py)."""
+"""Client channels: Cleave's message limits, keepalive, request-id propagation, balancing over
+every address a name resolves to and, when configured, TLS/mTLS and the shared bearer token
+(security.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from libs.rpc.auth import token_client_interceptors, with_token
 from libs.rpc.options import RpcOptions
 from libs.rpc.request_id import request_id_client_interceptors
 from libs.rpc.security import RpcSecurity
+
+# gRPC's own client-side balancing: each call goes to the next of the addresses the target
+# resolves to (a headless Service's or compose service's replicas), where the default,
+# pick_first, sends every call to the first. One address: the same as pick_first.
+BALANCING = ("grpc.lb_policy_name", "round_robin")
 
 
 def open_channel(
@@ -22,6 +28,7 @@ def open_channel(
     grpc_options: list[tuple[str, int | str]] = [
         *(options or RpcOptions()).as_grpc_options(),
         *security.channel_options(),
+        BALANCING,
     ]
     interceptors = request_id_client_interceptors()
     if security.token:
@@ -38,7 +45,7 @@ def open_blocking_channel(
     """The blocking-API twin of open_channel (no request-id propagation), for code that
     vLLM calls synchronously."""
     security = security or RpcSecurity()
-    grpc_options = [*(options or RpcOptions()).as_grpc_options(), *security.channel_options()]
+    grpc_options = [*(options or RpcOptions()).as_grpc_options(), *security.channel_options(), BALANCING]
     credentials = security.channel_credentials()
     if credentials is None:
         channel = grpc.insecure_channel(address, options=grpc_options)

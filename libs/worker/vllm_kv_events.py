@@ -11,8 +11,10 @@ the feed forget the engine's blocks instead of keeping a stale set.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,8 +34,12 @@ def events_config(endpoint: str) -> dict[str, Any]:
     return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
 
 
+PRIVATE_PREFIX = "cleave-kv-events-"
+
+
 def private_endpoint() -> str:
-    return f"ipc://{tempfile.mkdtemp(prefix='cleave-kv-events-')}/events"
+    """An ipc socket in a directory of its own (mode 0700): only this worker's user reaches it."""
+    return f"ipc://{tempfile.mkdtemp(prefix=PRIVATE_PREFIX)}/events"
 
 
 def block_hasher(cache_config: Any) -> BlockHasher | None:
@@ -51,6 +57,7 @@ class EventReader:
 
     def __init__(self, endpoint: str, feed: KvCacheFeed) -> None:
         self.feed = feed
+        self._endpoint = endpoint
         self._socket = zmq.Context.instance().socket(zmq.SUB)
         # The engine has bound its socket and published nothing yet (no request has run).
         self._socket.connect(endpoint)
@@ -87,3 +94,6 @@ class EventReader:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=1.0)
+        folder = Path(self._endpoint.removeprefix("ipc://")).parent
+        if self._endpoint.startswith("ipc://") and folder.name.startswith(PRIVATE_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)  # private_endpoint's, with the socket file

@@ -101,7 +101,8 @@ def test_args_are_flags_the_services_accept_and_addresses_name_the_services(over
 
     gateway = parsed["gateway"]
     assert not gateway.launches_stack and gateway.worker_dns_refresh_s > 0
-    service_port(gateway.tokenizer, "cleave-tokenizer", headless=False)
+    # Headless: every tokenizer replica's address, which the gateway's channel balances over.
+    service_port(gateway.tokenizer, "cleave-tokenizer", headless=True)
     service_port(gateway.kvstore_address, "cleave-kvstore", headless=False)
     workers = gateway.prefill_workers + gateway.decode_workers + gateway.pd_workers
     # Headless: the name resolves to every ready pod, so scaling needs no gateway change.

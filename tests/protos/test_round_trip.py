@@ -25,6 +25,8 @@ _SCALAR_SAMPLES = {
     d.FieldDescriptor.TYPE_UINT32: 7,
     d.FieldDescriptor.TYPE_UINT64: 2**40,
     d.FieldDescriptor.TYPE_FIXED32: 0xDEADBEEF,
+    # Block hashes as KV events carry them: the full 64 bits are used.
+    d.FieldDescriptor.TYPE_FIXED64: 0xFEDCBA9876543210,
 }
 
 

@@ -39,6 +39,21 @@ class WorkerStatsCollector(Collector):
         yield loaded
         yield from _load(endpoints)
         yield from _spec_decode(endpoints)
+        yield _cached_blocks(endpoints)
+
+
+def _cached_blocks(endpoints: list[Endpoint]) -> Metric:
+    """What each followed worker's KV events say its engine caches (--routing kv_events)."""
+    family = GaugeMetricFamily(
+        "cleave_gateway_worker_kv_cached_blocks",
+        "Prefix-cache blocks the worker's engine holds, from its KV events (workers whose events "
+        "this gateway follows and currently hears)",
+        labels=["worker", "role"],
+    )
+    for e in endpoints:
+        if e.cached_blocks is not None:
+            family.add_metric([e.address, e.role], len(e.cached_blocks))
+    return family
 
 
 def _load(endpoints: list[Endpoint]) -> Iterator[Metric]:

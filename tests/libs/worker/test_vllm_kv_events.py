@@ -21,7 +21,7 @@ from vllm.distributed.kv_events import (
 
 from libs.kvevents.hashing import BlockHasher
 from libs.worker.kv_cache_feed import KvCacheFeed
-from libs.worker.vllm_kv_events import EventReader, block_hasher
+from libs.worker.vllm_kv_events import EventReader, block_hasher, private_endpoint
 
 
 def stored(*hashes: int, medium: str = "GPU") -> BlockStored:
@@ -43,8 +43,8 @@ def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_vllms_published_events_reach_the_feed_in_order(tmp_path: Path) -> None:
-    endpoint = f"ipc://{tmp_path}/events"
+def test_vllms_published_events_reach_the_feed_in_order() -> None:
+    endpoint = private_endpoint()
     publisher = ZmqEventPublisher(data_parallel_rank=0, endpoint=endpoint)
     feed = KvCacheFeed(BlockHasher(16))
     reader = EventReader(endpoint, feed)
@@ -58,6 +58,7 @@ def test_vllms_published_events_reach_the_feed_in_order(tmp_path: Path) -> None:
     finally:
         reader.close()
         publisher.shutdown()
+    assert not Path(endpoint.removeprefix("ipc://")).parent.exists()  # the private folder is gone
 
 
 def test_a_gap_in_the_sequence_numbers_clears_the_feed(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.gateway.fleet.pool import Endpoint
 from libs.gateway.fleet.worker_metrics import WorkerStatsCollector
+from libs.kvevents.cached_blocks import CachedBlocks, KvCacheUpdate
 from tools.bench.systems.scrape import HistogramProbe, stage_mean
 
 
@@ -55,3 +56,15 @@ def test_spec_decode_of_speculating_workers_is_re_exported() -> None:
     assert 'cleave_gateway_worker_spec_decode_acceptance_rate{role="decode",worker="d:1"} 0.5' in text
     assert 'cleave_gateway_worker_spec_decode_mean_accepted_length{role="decode",worker="d:1"} 3.5' in text
     assert 'worker="p:1"' not in text.split("cleave_gateway_worker_spec_decode", 1)[1]
+
+
+def test_the_blocks_each_followed_worker_caches_are_exported() -> None:
+    followed = endpoint("a:1", "prefill", worker_pb2.WorkerStats())
+    followed.cached_blocks = CachedBlocks()
+    followed.cached_blocks.apply(KvCacheUpdate(stored=(1, 2, 3)))
+    unknown = endpoint("b:1", "prefill", worker_pb2.WorkerStats())  # not followed, or not heard
+    registry = CollectorRegistry()
+    registry.register(WorkerStatsCollector(FakePool([followed, unknown])))  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert 'cleave_gateway_worker_kv_cached_blocks{role="prefill",worker="a:1"} 3.0' in text
+    assert 'cleave_gateway_worker_kv_cached_blocks{role="prefill",worker="b:1"}' not in text
