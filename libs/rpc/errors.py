@@ -51,6 +51,14 @@ class Unavailable(RpcError):
     code = common_pb2.ERROR_CODE_OVERLOADED
 
 
+class AtCapacity(RpcError):
+    """The server runs as many requests as it takes at once (libs/rpc/at_capacity.py): nothing
+    of this one ran, and it may be sent again once one ends, here or elsewhere."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = common_pb2.ERROR_CODE_OVERLOADED
+
+
 class Aborted(RpcError):
     """This attempt failed in a way a fresh attempt may not (e.g. handed-over KV was lost)."""
 

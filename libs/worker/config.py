@@ -7,7 +7,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.config.codecs import PORT, POSITIVE_INT, enum_of
+from libs.config.codecs import NON_NEGATIVE_INT, PORT, POSITIVE_INT, enum_of
 from libs.config.errors import ConfigError
 from libs.config.flags import INT, Codec, flag
 from libs.config.groups import (
@@ -118,6 +118,14 @@ class WorkerConfig(
         "auto",
         help="CPU, speculating workers: Intel OpenMP (libiomp5.so) preloaded into the engine; "
         "'auto' = the one Cleave ships, 'none' = vLLM's default (libgomp)",
+    )
+    # Counted across every gateway (libs/worker/capacity.py); each gateway's own
+    # --max-inflight-per-worker defaults to it.
+    max_inflight_requests: int = flag(
+        0,
+        codec=NON_NEGATIVE_INT,
+        help="requests this worker runs at once, from all gateways together; one more is refused "
+        "before it runs and its gateway waits for room (0 = twice --max-num-seqs)",
     )
     # Not flags: fixed for every Cleave worker.
     seed: int = 0

@@ -51,8 +51,11 @@ class GenerateMany:
         refusal: Refusal,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         drain: DrainState | None = None,
+        inflight: Callable[[], int] = lambda: 0,
     ) -> None:
         self._drain = drain
+        # The worker's count of running requests (capacity.py), sent with every message.
+        self._inflight = inflight
         self._run_one = run_one
         self._refusal = refusal
         self._max_bytes = max_message_bytes - _MESSAGE_OVERHEAD_BYTES
@@ -74,7 +77,7 @@ class GenerateMany:
                     ready, self._outbox = self._outbox, []
                     for items in self._messages(ready):
                         metrics.GENERATE_MANY_ITEMS.observe(len(items))
-                        yield worker_pb2.GenerateManyResponse(items=items)
+                        yield worker_pb2.GenerateManyResponse(items=items, num_inflight=self._inflight())
                 if reader.done() and not self._running and not self._outbox:
                     reader.result()  # the caller's stream failing fails this call
                     return

@@ -61,3 +61,15 @@ DRAIN_HANDED_OFF = Counter(
     "cleave_worker_drain_handed_off_total",
     "Running requests a draining worker ended for the gateway to move elsewhere (its grace ran out)",
 )
+INFLIGHT = Gauge(
+    "cleave_worker_inflight_requests",
+    "Requests running on this worker (prefills and generates), whichever gateways sent them",
+)
+INFLIGHT_LIMIT = Gauge(
+    "cleave_worker_inflight_requests_limit",
+    "The most requests this worker runs at once (--max-inflight-requests)",
+)
+REFUSED_AT_CAPACITY = Counter(
+    "cleave_worker_refused_at_capacity_total",
+    "Requests refused because the worker already ran its limit of them (the gateway waits and sends them again)",
+)

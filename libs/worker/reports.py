@@ -28,10 +28,17 @@ _KVSTORE_FIELDS = {f.name: f.type for f in worker_pb2.KvStoreConnectorStats.DESC
 
 
 def worker_stats(
-    role: Role, engine: EngineStats, info: EngineInfo, *, num_leased: int, requests_aborted: int
+    role: Role,
+    engine: EngineStats,
+    info: EngineInfo,
+    *,
+    num_leased: int,
+    requests_aborted: int,
+    num_inflight: int,
 ) -> worker_pb2.WorkerStats:
     return worker_pb2.WorkerStats(
         role=ROLES[role],
+        num_inflight=num_inflight,
         num_running=engine.num_running,
         num_waiting=engine.num_waiting,
         kv_cache_usage=engine.kv_cache_usage,
@@ -58,6 +65,8 @@ def worker_info(
     info: EngineInfo,
     layout: common_pb2.KvLayout,
     kv_block_hashing: BlockHasher | None = None,
+    *,
+    max_inflight_requests: int,
 ) -> worker_pb2.WorkerInfo:
     return worker_pb2.WorkerInfo(
         role=ROLES[config.role],
@@ -72,6 +81,7 @@ def worker_info(
         max_logprobs=config.max_logprobs,
         takes_images=info.takes_images,
         generate_many=True,
+        max_inflight_requests=max_inflight_requests,
         kv_cache_events=(
             worker_pb2.KvBlockHashing(
                 block_size=kv_block_hashing.block_size,

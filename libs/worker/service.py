@@ -18,6 +18,7 @@ from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.rpc.errors import FailedPrecondition
 from libs.worker import metrics
+from libs.worker.capacity import InflightRequests, default_limit
 from libs.worker.config import WorkerConfig
 from libs.worker.drain import DrainState, handoff_time, wait_until
 from libs.worker.engine import Engine, EngineStep, TokenLogprob
@@ -69,7 +70,11 @@ class WorkerService:
         self._trusted_hosts = trusted_hosts(config.kv_host, config.kv_allowed_hosts)
         self._dns_peers = DnsPeers(config.kv_allowed_dns) if config.kv_allowed_dns else None
         self._leases = Leases()  # prefill side: KV held for decode workers
-        self._active: set[str] = set()
+        # Every request running here, Prefill and Generate, at most --max-inflight-requests.
+        self._active = InflightRequests(
+            config.max_inflight_requests
+            or default_limit(engine.info.scheduler.max_num_seqs or config.max_num_seqs)
+        )
         self._requests_aborted = 0
         self._drain = DrainState()
 
@@ -255,13 +260,23 @@ class WorkerService:
             self._engine.info,
             num_leased=self._live_leases(),
             requests_aborted=self._requests_aborted,
+            num_inflight=len(self._active),
         )
 
     def info(self) -> worker_pb2.WorkerInfo:
         feed = self._engine.kv_cache_feed
         return worker_info(
-            self._config, self._engine.info, self._layout, feed.hasher if feed is not None else None
+            self._config,
+            self._engine.info,
+            self._layout,
+            feed.hasher if feed is not None else None,
+            max_inflight_requests=self._active.limit,
         )
+
+    @property
+    def num_inflight(self) -> int:
+        """Requests running here now (each GenerateMany message carries it)."""
+        return len(self._active)
 
     def watch_kv_cache(self) -> AsyncGenerator[worker_pb2.KvCacheEvents, None]:
         feed = self._engine.kv_cache_feed
@@ -340,7 +355,7 @@ class WorkerService:
         self._drain.check_accepting()
         if request_id in self._active:
             raise InvalidRequest(f"request id {request_id!r} is already running on this worker")
-        self._active.add(request_id)
+        self._active.admit(request_id)  # or AtCapacity: the caller waits for room (capacity.py)
         finished = False
         try:
             async for step in self._engine.generate(
@@ -358,6 +373,10 @@ class WorkerService:
                     check_arrival(handoff, self._clock())
                     handoff = None
                 finished = step.finished
+                if finished:
+                    # Out of the count before its last step leaves: the gateway that reads it
+                    # may send its next request here at once, and must find the room.
+                    self._active.discard(request_id)
                 yield step
         finally:
             self._active.discard(request_id)

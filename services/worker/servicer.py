@@ -53,7 +53,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             failure = errors.refusal(error, service=SERVICE, method="Generate")
             return failure.status, failure.message
 
-        calls = GenerateMany(self._generate, refusal, drain=self._service.drain_state)
+        calls = GenerateMany(
+            self._generate,
+            refusal,
+            drain=self._service.drain_state,
+            inflight=lambda: self._service.num_inflight,
+        )
         async for response in calls.serve(requests):
             yield response
 

@@ -1,11 +1,16 @@
 """Admission control: a bounded number of requests in flight per worker, and a bounded FIFO
 queue in the gateway for requests that find every eligible worker at its bound.
 
-- Each worker takes at most `max_inflight_per_worker` of this gateway's requests at once;
-  0 (the default) derives it from the worker's own `max_num_seqs` (WorkerInfo): twice it, one
-  batch running and one waiting in the engine, so the engine's batch stays full while the
-  next requests prefill or pull their KV. Beyond that a request waits here, where it can go
-  to whichever worker frees first, instead of in one engine's queue.
+- Each worker runs at most its own bound of requests at once (WorkerInfo.max_inflight_requests,
+  twice its `max_num_seqs` by default: one batch running and one waiting in the engine, so the
+  engine's batch stays full while the next requests prefill or pull their KV), counted at the
+  worker across every gateway (libs/worker/capacity.py). This gateway counts its own requests
+  on the worker (`admitted`) plus the others' (`elsewhere`, from the worker's reports) against
+  it, and `max_inflight_per_worker`, when set, bounds its own share lower. Beyond that a request
+  waits here, where it can go to whichever worker frees first, instead of in one engine's queue.
+- Another gateway may fill a worker between its reports: the worker then refuses the request
+  before running it (at capacity), and the request takes its place back at the head of the
+  queue (`Slot.move`) until a worker has room, that one included once it reports some.
 - A request that finds no worker with room waits in the queue, first come first served
   (a waiter that may only use some workers, e.g. a prefill retry avoiding the one that
   failed, does not hold up those behind it that can use a free one).
@@ -70,6 +75,14 @@ class _Waiter:
     granted: asyncio.Future[Endpoint]
 
 
+@dataclass(eq=False)
+class Slot:
+    """A request's place on one worker, held for an `admit` block; `move` trades it for a place
+    on another (or the same) worker. None while the request waits for its next place."""
+
+    endpoint: Endpoint | None
+
+
 class Admission:
     def __init__(self, pool: WorkerPool, config: AdmissionConfig | None = None) -> None:
         self._pool = pool
@@ -83,10 +96,15 @@ class Admission:
         return len(self._waiters)
 
     def limit(self, endpoint: Endpoint) -> int:
-        if self._config.max_inflight_per_worker > 0:
-            return self._config.max_inflight_per_worker
-        reported = endpoint.info.max_num_seqs if endpoint.info is not None else 0
-        return 2 * (reported if reported > 0 else DEFAULT_MAX_NUM_SEQS)
+        """The requests `endpoint` runs at once, from every gateway (lower when this gateway's
+        --max-inflight-per-worker says so)."""
+        info = endpoint.info
+        bound = info.max_inflight_requests if info is not None else 0
+        if bound <= 0:  # a worker that does not say: twice its batch, as workers default to
+            reported = info.max_num_seqs if info is not None else 0
+            bound = 2 * (reported if reported > 0 else DEFAULT_MAX_NUM_SEQS)
+        own = self._config.max_inflight_per_worker
+        return min(own, bound) if own > 0 else bound
 
     @asynccontextmanager
     async def admit(
@@ -96,7 +114,7 @@ class Admission:
         *,
         exclude: frozenset[str] = frozenset(),
         deadline: Deadline = NO_DEADLINE,
-    ) -> AsyncIterator[Endpoint]:
+    ) -> AsyncIterator[Slot]:
         """A worker of `role` (not in `exclude`) with room, chosen by `pick` among those with
         room, held for the block. Waits in the queue when none has room, or when others wait
         already (first come, first served)."""
@@ -104,14 +122,43 @@ class Admission:
         if endpoint is None:
             waiter = _Waiter(role, pick, exclude, asyncio.get_running_loop().create_future())
             endpoint = await self._wait(waiter, deadline)
+        slot = Slot(endpoint)
         try:
-            yield endpoint
+            yield slot
         finally:
-            self._release(endpoint)
+            if slot.endpoint is not None:
+                self._release(slot.endpoint)
+
+    async def move(
+        self,
+        slot: Slot,
+        pick: Pick,
+        *,
+        role: Role | None = None,
+        exclude: frozenset[str] = frozenset(),
+        deadline: Deadline = NO_DEADLINE,
+    ) -> Endpoint:
+        """Gives up the slot's worker and waits, ahead of every request that came later, for a
+        worker of `role` (the given-up worker's by default) with room, not in `exclude` (the
+        one given up may be chosen again). For a request its worker refused at capacity or
+        while draining, or that continues elsewhere after its worker failed."""
+        given_up, slot.endpoint = slot.endpoint, None
+        if given_up is None:
+            raise RuntimeError("the slot holds no worker to move from")
+        self._release(given_up, ran=False)
+        role = role or given_up.role
+        endpoint = self._try(role, pick, exclude)
+        if endpoint is None:
+            waiter = _Waiter(role, pick, exclude, asyncio.get_running_loop().create_future())
+            endpoint = await self._wait(waiter, deadline, first=True)
+        slot.endpoint = endpoint
+        return endpoint
 
     def _candidates(self, role: Role, exclude: frozenset[str]) -> list[Endpoint]:
         return [
-            e for e in self._pool.routable(role) if e.address not in exclude and e.admitted < self.limit(e)
+            e
+            for e in self._pool.routable(role)
+            if e.address not in exclude and not e.full and e.admitted + e.elsewhere < self.limit(e)
         ]
 
     def serviceable(self, role: Role, exclude: Collection[str] = ()) -> bool:
@@ -134,14 +181,18 @@ class Admission:
         endpoint.breaker.start_request()
         return endpoint
 
-    async def _wait(self, waiter: _Waiter, deadline: Deadline) -> Endpoint:
-        # Queued behind those already waiting; served at once if a slot is free for it (a
-        # waiter ahead may be unable to use it), refused (503) if no worker can serve it.
-        self._waiters.append(waiter)
+    async def _wait(self, waiter: _Waiter, deadline: Deadline, *, first: bool = False) -> Endpoint:
+        # Queued behind those already waiting (`first`: ahead of them, a request that had a
+        # worker already); served at once if a slot is free for it (a waiter ahead may be
+        # unable to use it), refused (503) if no worker can serve it.
+        if first:
+            self._waiters.appendleft(waiter)
+        else:
+            self._waiters.append(waiter)
         self._dispatch()
         if waiter.granted.done():
             return waiter.granted.result()
-        if len(self._waiters) > self._config.max_queued_requests:
+        if not first and len(self._waiters) > self._config.max_queued_requests:
             self._waiters.remove(waiter)
             self._report_queue()
             REJECTED.labels("queue_full").inc()
@@ -179,8 +230,12 @@ class Admission:
         for role, count in by_role.items():
             QUEUED.labels(str(role)).set(count)
 
-    def _release(self, endpoint: Endpoint) -> None:
+    def _release(self, endpoint: Endpoint, *, ran: bool = True) -> None:
         endpoint.admitted -= 1
+        if ran:
+            # One of this gateway's requests there ended: the worker has room, unless another
+            # gateway takes it first (then it refuses again). One it refused frees nothing.
+            endpoint.full = False
         endpoint.breaker.end_request()
         self._dispatch()
 

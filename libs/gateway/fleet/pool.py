@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,15 @@ class Endpoint:
     # the pool watches them (kv_cache_watch.py); None: not known.
     cached_blocks: CachedBlocks | None = None
     kv_hasher: BlockHasher | None = None
+    # Other gateways' requests on the worker: its own count of running requests (each stats
+    # poll and GenerateMany message) less this gateway's, as last reported. Admission counts
+    # them with `admitted` against the worker's bound, which the worker itself enforces.
+    elsewhere: int = 0
+    # The worker refused a request for being at its bound (libs/rpc/at_capacity.py): none is
+    # sent to it until it reports room.
+    full: bool = False
+    # Called when a report shows room that was not there (the pool's listeners: waiters may go).
+    on_room: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         given: CircuitBreaker | None = self.breaker
@@ -83,6 +93,20 @@ class Endpoint:
         self.healthy = self.breaker.state is BreakerState.CLOSED and serving
         return True
 
+    def report_inflight(self, inflight: int) -> None:
+        """The worker's own count of the requests it runs, from every gateway."""
+        elsewhere, full = self.elsewhere, self.full
+        self.elsewhere = max(0, inflight - self.admitted)
+        bound = self.info.max_inflight_requests if self.info is not None else 0
+        if self.full and (bound <= 0 or inflight < bound):
+            self.full = False
+        if (self.elsewhere < elsewhere or (full and not self.full)) and self.on_room is not None:
+            self.on_room()
+
+    def refused_at_capacity(self) -> None:
+        """The worker refused a request at its bound: it has no room until it says so."""
+        self.full = True
+
     def generate(self, request: worker_pb2.GenerateRequest, timeout: float | None) -> GenerateCall:
         """The request's Generate stream: on the worker's shared GenerateMany call when it
         serves one (libs/gateway/fleet/shared_stream.py), else a Generate call of its own."""
@@ -93,10 +117,20 @@ class Endpoint:
             and request.metadata.request_id
         ):
             if self.shared_stream is None:
-                self.shared_stream = SharedStream(self.stub, self.address)
+                # Weakly: the stream must not keep its endpoint (and its channel) alive.
+                report = weakref.WeakMethod(self.report_inflight)
+                self.shared_stream = SharedStream(
+                    self.stub, self.address, lambda inflight: _call(report, inflight)
+                )
             return self.shared_stream.open(request, timeout)
         call: GenerateCall = self.stub.Generate(request, timeout=timeout)
         return call
+
+
+def _call(method: weakref.WeakMethod[Callable[[int], None]], value: int) -> None:
+    bound = method()
+    if bound is not None:
+        bound(value)
 
 
 class WorkerPool:
@@ -164,6 +198,7 @@ class WorkerPool:
             shared_streams=self._shared_streams,
         )
         endpoint.breaker.listeners.append(lambda _state: self._changed())
+        endpoint.on_room = self._changed
         self.endpoints.append(endpoint)
         return endpoint
 
@@ -209,6 +244,7 @@ class WorkerPool:
             return
         if endpoint.info is None:
             await self._fetch_info(endpoint)
+        endpoint.report_inflight(endpoint.stats.num_inflight)
         endpoint.breaker.poll_succeeded()
 
     async def _fetch_info(self, endpoint: Endpoint) -> None:

@@ -142,9 +142,16 @@ class _Connection:
     """One GenerateMany call and the requests started on it. When the call fails, every
     request on it fails with the call's status, as each one's own call would have."""
 
-    def __init__(self, stub: Any, address: str, closed: Callable[[_Connection], None]) -> None:
+    def __init__(
+        self,
+        stub: Any,
+        address: str,
+        closed: Callable[[_Connection], None],
+        on_inflight: Callable[[int], None] | None = None,
+    ) -> None:
         self._address = address
         self._closed = closed
+        self._on_inflight = on_inflight
         self._call = stub.GenerateMany(metadata=_CALL_METADATA)
         self._requests: dict[str, SharedCall] = {}
         self._lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
@@ -201,6 +208,8 @@ class _Connection:
                     call = self._requests.get(item.request_id)
                     if call is not None:
                         call.deliver(item)
+                if self._on_inflight is not None:
+                    self._on_inflight(response.num_inflight)
         except grpc.aio.AioRpcError as error:
             failure = error
         except asyncio.CancelledError:
@@ -232,15 +241,19 @@ class SharedStream:
     """A worker's GenerateMany call for every request sent to it, opened on first use and
     again after it fails. Closing the endpoint's channel ends it (WorkerPool.close, retire)."""
 
-    def __init__(self, stub: Any, address: str) -> None:
+    def __init__(self, stub: Any, address: str, on_inflight: Callable[[int], None] | None = None) -> None:
         self._stub = stub
         self._address = address
+        # Told the worker's count of running requests each message carries (all gateways').
+        self._on_inflight = on_inflight
         self._connection: _Connection | None = None
 
     def open(self, request: worker_pb2.GenerateRequest, timeout: float | None) -> SharedCall:
         """Starts `request` (its metadata.request_id set) and returns its call."""
         if self._connection is None:
-            self._connection = _Connection(self._stub, self._address, self._connection_closed)
+            self._connection = _Connection(
+                self._stub, self._address, self._connection_closed, self._on_inflight
+            )
         return self._connection.start(request, timeout)
 
     def _connection_closed(self, connection: _Connection) -> None:

@@ -4,15 +4,16 @@ moved to another worker when its worker fails after tokens were sent (migration.
 
 The request's phase (lifecycle.py) says what a failure means: before the first token it is an
 HTTP error (a handoff the decode worker rejects leaves the request HANDED_OFF, for the caller
-to prefill again; a draining worker's refusal sends the same request to another worker, since
-nothing of it ran); after it, the worker's own failure moves the request (MIGRATING) and any
+to prefill again; a refusal by a draining worker, or one at its bound on running requests,
+sends the same request to another worker or the first with room, since nothing of it ran);
+after it, the worker's own failure moves the request (MIGRATING) and any
 other ends the stream with an error event (MidStreamError).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from contextlib import AsyncExitStack, aclosing
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from libs.gateway.common import errors, metrics
 from libs.gateway.common.deadline import Deadline
 from libs.gateway.common.errors import MidStreamError
 from libs.gateway.common.generation import Event, Finished, GenerationSpec, SequenceEvent
-from libs.gateway.fleet.admission import Admission
+from libs.gateway.fleet.admission import Admission, Slot
 from libs.gateway.fleet.pool import Endpoint, WorkerPool
 from libs.gateway.fleet.routing import RoutingPolicy
 from libs.gateway.serving.detokenize import SequenceDetokenizer
@@ -35,7 +36,7 @@ from libs.gateway.serving.lifecycle import Phase, RequestLife
 from libs.gateway.serving.local_detokenize import LocalSequenceDetokenizer
 from libs.gateway.serving.migration import MIGRATING_CODES, Migration, MigrationRefused
 from libs.gateway.serving.worker_errors import api_error, worker_error
-from libs.rpc import draining
+from libs.rpc import at_capacity, draining
 from libs.tokenization.decoder import Decoder
 
 log = structlog.get_logger(__name__)
@@ -61,7 +62,10 @@ class _Progress:
     prompt_logprobs_sent: set[int] = field(default_factory=set)  # sequences whose first event had them
     # Workers that refused the request because they were draining (nothing of it ran there).
     refused_by: list[str] = field(default_factory=list)
-    rerouted: bool = False  # the last worker refused it: send it to another
+    # The last worker refused it (draining, or at its bound): send it to another, or (at its
+    # bound) to the first with room, that one included.
+    rerouted: bool = False
+    at_capacity: bool = False
     # A stop string ended a sequence here while its engine still runs it.
     stopped_here: bool = False
 
@@ -89,13 +93,14 @@ class Decode:
     async def stream(
         self,
         spec: GenerationSpec,
-        endpoint: Endpoint,
+        slot: Slot,
         life: RequestLife,
         handoff: worker_pb2.KvHandoff | None = None,
         prompt_logprobs: list[common_pb2.TokenLogprob] | None = None,
     ) -> AsyncGenerator[Event, None]:
-        """The request's events from `endpoint` (and the workers it moves to). `handoff`: the
-        prompt's KV on a prefill worker (the request is HANDED_OFF); None: computed here."""
+        """The request's events from the slot's worker (and the workers it moves to, the slot
+        with it). `handoff`: the prompt's KV on a prefill worker (the request is HANDED_OFF);
+        None: computed here."""
         request = _generate_request(spec, handoff, prompt_logprobs)
         detokenizers = {
             i: self._detokenizer(
@@ -110,20 +115,20 @@ class Decode:
         }
         progress = _Progress(detokenizers, set(detokenizers), prompt_logprobs=prompt_logprobs)
         migration = Migration(request, limit=self._migration_limit, images=spec.has_images)
+        endpoint = slot.endpoint
+        assert endpoint is not None  # the caller holds it
         try:
-            # Holds the admission slot of each worker the request moves to, to its end.
-            async with AsyncExitStack() as slots:
-                while True:
-                    events = self._worker_stream(spec, endpoint, request, progress, migration, life)
-                    async with aclosing(events) as worker_events:
-                        async for event in worker_events:
-                            yield event
-                    if progress.rerouted:
-                        endpoint = await self._reroute(spec, endpoint, progress, migration, slots)
-                        continue
-                    if life.phase is not Phase.MIGRATING:
-                        return  # done, or (HANDED_OFF) the handoff was rejected
-                    endpoint, request = await self._move(spec, endpoint, migration, slots, life, progress)
+            while True:
+                events = self._worker_stream(spec, endpoint, request, progress, migration, life)
+                async with aclosing(events) as worker_events:
+                    async for event in worker_events:
+                        yield event
+                if progress.rerouted:
+                    endpoint = await self._reroute(spec, slot, progress, migration)
+                    continue
+                if life.phase is not Phase.MIGRATING:
+                    return  # done, or (HANDED_OFF) the handoff was rejected
+                endpoint, request = await self._move(spec, slot, migration, life, progress)
         finally:
             for detokenizer in detokenizers.values():
                 detokenizer.close()
@@ -139,15 +144,16 @@ class Decode:
     async def _move(
         self,
         spec: GenerationSpec,
-        failed_endpoint: Endpoint,
+        slot: Slot,
         migration: Migration,
-        slots: AsyncExitStack,
         life: RequestLife,
         progress: _Progress,
     ) -> tuple[Endpoint, worker_pb2.GenerateRequest]:
         """The worker and request that continue a request its worker failed mid-stream
-        (migration.py). The new worker's admission slot is held by `slots`; waiting for one
-        counts against the request's deadline like any other."""
+        (migration.py). The slot moves to the new worker; waiting for one counts against the
+        request's deadline like any other."""
+        failed_endpoint = slot.endpoint
+        assert failed_endpoint is not None
         try:
             plan = migration.plan(failed_endpoint, life.why, self._admission, progress.open_sequences)
         except MigrationRefused as refused:
@@ -155,13 +161,12 @@ class Decode:
                 raise errors.ApiError(503, f"{refused}; retry later", type_="service_unavailable") from None
             raise MidStreamError(str(refused)) from None
         prompt = list(plan.request.prompt_token_ids)
-        endpoint = await slots.enter_async_context(
-            self._admission.admit(
-                plan.role,
-                lambda candidates: self._policy.pick(candidates, prompt, spec.cache_salt),
-                exclude=migration.failed,
-                deadline=spec.deadline,
-            )
+        endpoint = await self._admission.move(
+            slot,
+            lambda candidates: self._policy.pick(candidates, prompt, spec.cache_salt),
+            role=plan.role,
+            exclude=migration.failed,
+            deadline=spec.deadline,
         )
         migration.moved_to(endpoint, life.why)
         # Nothing sent yet: the request is simply decoding elsewhere (an error is still a status).
@@ -171,31 +176,29 @@ class Decode:
         return endpoint, plan.request
 
     async def _reroute(
-        self,
-        spec: GenerationSpec,
-        refusing: Endpoint,
-        progress: _Progress,
-        migration: Migration,
-        slots: AsyncExitStack,
+        self, spec: GenerationSpec, slot: Slot, progress: _Progress, migration: Migration
     ) -> Endpoint:
-        """Another worker of the same role for a request a draining worker refused before
-        running any of it: the same request (its handoff too) goes there unchanged. Waiting for
-        room counts against the request's deadline; the slot is held by `slots`."""
+        """A worker of the same role for a request its worker refused before running any of it:
+        draining (another worker) or at its bound (the first with room, that one included). The
+        same request (its handoff too) goes there unchanged; waiting for room counts against the
+        request's deadline, and the slot moves with it."""
         progress.rerouted = False
-        if len(progress.refused_by) > MAX_REROUTES:
-            raise errors.ApiError(
-                503, "the workers are shutting down; retry later", type_="service_unavailable"
-            )
-        metrics.RETRIES.labels("draining").inc()
-        log.info("worker draining; sending the request to another", refused_by=refusing.address)
+        if progress.at_capacity:
+            progress.at_capacity = False
+            metrics.RETRIES.labels("at_capacity").inc()
+        else:
+            if len(progress.refused_by) > MAX_REROUTES:
+                raise errors.ApiError(
+                    503, "the workers are shutting down; retry later", type_="service_unavailable"
+                )
+            metrics.RETRIES.labels("draining").inc()
+            log.info("worker draining; sending the request to another", refused_by=progress.refused_by[-1])
         prompt = list(spec.prompt_token_ids)
-        return await slots.enter_async_context(
-            self._admission.admit(
-                refusing.role,
-                lambda candidates: self._policy.pick(candidates, prompt),
-                exclude=frozenset(progress.refused_by) | migration.failed,
-                deadline=spec.deadline,
-            )
+        return await self._admission.move(
+            slot,
+            lambda candidates: self._policy.pick(candidates, prompt, spec.cache_salt),
+            exclude=frozenset(progress.refused_by) | migration.failed,
+            deadline=spec.deadline,
         )
 
     async def _worker_stream(
@@ -268,6 +271,11 @@ class Decode:
             if code in _EJECTING and not refused:
                 self._pool.request_failed(endpoint, f"generate failed: {code.name}")
             if not life.sent_tokens:
+                if at_capacity.is_at_capacity(code, error.details()):
+                    # Another gateway filled the worker since it last reported: nothing ran.
+                    endpoint.refused_at_capacity()
+                    progress.at_capacity = progress.rerouted = True
+                    return
                 if refused:
                     # Draining: it never ran the request (no token, no KV pulled).
                     progress.refused_by.append(endpoint.address)

@@ -29,7 +29,7 @@ from libs.config.roles import Role
 from libs.gateway.common import deadline, errors, metrics, vllm_metrics
 from libs.gateway.common.deadline import NO_DEADLINE, Deadline
 from libs.gateway.common.generation import Event, Finished, GenerationSpec, check_vocabulary
-from libs.gateway.fleet.admission import Admission
+from libs.gateway.fleet.admission import Admission, Slot
 from libs.gateway.fleet.pool import Endpoint, WorkerPool
 from libs.gateway.fleet.routing import RoutingPolicy
 from libs.gateway.serving import disaggregation
@@ -123,7 +123,9 @@ class Serving:
         waiting = time.perf_counter()
         async with self._admission.admit(
             role, picker(self._decode_policy, spec, estimate), deadline=spec.deadline
-        ) as decode:
+        ) as slot:
+            decode = slot.endpoint
+            assert decode is not None
             # vLLM's queue time: here the wait for a worker with room (admission control).
             vllm_metrics.queued(spec.model, time.perf_counter() - waiting)
             choice = await self._choose_route(spec, decode, colocated=role is Role.BOTH, estimate=estimate)
@@ -131,10 +133,10 @@ class Serving:
             if choice.route is Route.STORED_PREFIX:
                 metrics.PREFILL_SKIPPED.inc()
             if choice.route.prefills_remotely:
-                events = self._prefill_then_decode(spec, decode, life)
+                events = self._prefill_then_decode(spec, slot, life)
             else:
                 await life.to(Phase.DECODING, why=choice.route.value)
-                events = self._decode.stream(spec, decode, life)
+                events = self._decode.stream(spec, slot, life)
             async with aclosing(events) as route_events:
                 async for event in route_events:
                     yield event
@@ -181,7 +183,7 @@ class Serving:
             raise spec.deadline.exceeded() from None
 
     async def _prefill_then_decode(
-        self, spec: GenerationSpec, decode: Endpoint, life: RequestLife
+        self, spec: GenerationSpec, decode: Slot, life: RequestLife
     ) -> AsyncGenerator[Event, None]:
         for _attempt in range(HANDOFF_ATTEMPTS):
             await life.to(Phase.PREFILLING, why=life.why)
@@ -215,7 +217,10 @@ class Serving:
             503, "KV handoff failed twice; the workers may be overloaded", type_="service_unavailable"
         )
 
-    async def _release(self, endpoint: Endpoint, request_id: str, handoff: worker_pb2.KvHandoff) -> None:
+    async def _release(self, decode: Slot, request_id: str, handoff: worker_pb2.KvHandoff) -> None:
+        endpoint = decode.endpoint
+        if endpoint is None:  # the request was between decode workers: its lease will end
+            return
         try:
             await endpoint.stub.ReleaseKv(
                 worker_pb2.ReleaseKvRequest(request_id=request_id, handoff=handoff), timeout=5

@@ -4,7 +4,9 @@ Fault attribution: a request a worker refuses as invalid (INVALID_ARGUMENT) is t
 mistake, answered 400 with the worker's message; it is never retried and never ejects the
 worker. UNAVAILABLE (unreachable, engine not running) ejects the worker and retries;
 INTERNAL may be this request's alone and DEADLINE_EXCEEDED may be a busy machine, so those
-retry elsewhere without ejecting (the stats poller judges those workers).
+retry elsewhere without ejecting (the stats poller judges those workers). A worker at its
+bound on running requests refuses before running anything: not a failure, and not an attempt;
+the request waits for room (libs/gateway/fleet/admission.py).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.gateway.common import errors, metrics
 from libs.gateway.common.generation import GenerationSpec
-from libs.gateway.fleet.admission import Admission
+from libs.gateway.fleet.admission import Admission, Pick, Slot
 from libs.gateway.fleet.pool import WorkerPool
 from libs.gateway.fleet.routing import RoutingPolicy
 from libs.gateway.serving.lifecycle import Phase, RequestLife
 from libs.gateway.serving.picking import picker
 from libs.gateway.serving.worker_errors import api_error
+from libs.rpc import at_capacity
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +67,7 @@ class Prefill:
         )
         tried: set[str] = set()
         failure: grpc.aio.AioRpcError | None = None
+        pick = picker(self._policy, spec)
         for attempt in range(self._attempts):
             if not self._admission.serviceable(Role.PREFILL, exclude=tried):
                 break
@@ -71,34 +75,60 @@ class Prefill:
                 metrics.RETRIES.labels("prefill").inc()
                 await life.to(Phase.PREFILLING, why="retry on another prefill worker")
             admitted = self._admission.admit(
-                Role.PREFILL, picker(self._policy, spec), exclude=frozenset(tried), deadline=spec.deadline
+                Role.PREFILL, pick, exclude=frozenset(tried), deadline=spec.deadline
             )
-            async with admitted as endpoint:
-                tried.add(endpoint.address)
+            async with admitted as slot:
                 try:
-                    with metrics.STAGE_SECONDS.labels("prefill").time():
-                        response = await endpoint.stub.Prefill(request, timeout=spec.deadline.grpc_timeout())
+                    response = await self._prefill_on(slot, request, spec, pick, tried)
                 except grpc.aio.AioRpcError as error:
                     if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and spec.deadline.expired():
                         raise spec.deadline.exceeded() from error
                     if error.code() not in _RETRYABLE:
                         raise api_error(error) from error
-                    if error.code() in _EJECTING:
-                        self._pool.request_failed(endpoint, f"prefill failed: {error.code().name}")
+                    if error.code() in _EJECTING and slot.endpoint is not None:
+                        self._pool.request_failed(slot.endpoint, f"prefill failed: {error.code().name}")
                     failure = error
                     log.warning(
                         "prefill failed",
-                        address=endpoint.address,
+                        address=slot.endpoint.address if slot.endpoint is not None else None,
                         attempt=attempt,
                         code=error.code().name,
                         details=error.details(),
                     )
                     continue
-                self._pool.request_succeeded(endpoint)
             return _prefilled(spec, response)
         # No worker left to try: the client hears why the last one failed, not that none was
         # healthy (the only prefill worker failing this request says nothing of the others).
         raise errors.no_workers(Role.PREFILL) if failure is None else api_error(failure)
+
+    async def _prefill_on(
+        self,
+        slot: Slot,
+        request: worker_pb2.PrefillRequest,
+        spec: GenerationSpec,
+        pick: Pick,
+        tried: set[str],
+    ) -> worker_pb2.PrefillResponse:
+        """The slot's worker's prefill; a worker at its bound (another gateway filled it since
+        it last reported) refuses before running anything, and the request waits, at the head
+        of the queue, for the next worker with room, that one included."""
+        while True:
+            endpoint = slot.endpoint
+            assert endpoint is not None  # held for the admit block; `move` refills it
+            tried.add(endpoint.address)
+            try:
+                with metrics.STAGE_SECONDS.labels("prefill").time():
+                    response = await endpoint.stub.Prefill(request, timeout=spec.deadline.grpc_timeout())
+            except grpc.aio.AioRpcError as error:
+                if not at_capacity.is_at_capacity(error.code(), error.details()):
+                    raise
+                endpoint.refused_at_capacity()
+                tried.discard(endpoint.address)
+                metrics.RETRIES.labels("at_capacity").inc()
+                await self._admission.move(slot, pick, exclude=frozenset(tried), deadline=spec.deadline)
+                continue
+            self._pool.request_succeeded(endpoint)
+            return response
 
 
 def _prefilled(spec: GenerationSpec, response: worker_pb2.PrefillResponse) -> Prefilled:

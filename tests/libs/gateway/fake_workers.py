@@ -18,6 +18,7 @@ from cleave.tokenizer.v1 import tokenizer_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.gateway.fleet.pool import WorkerPool
+from libs.rpc import at_capacity
 
 TOKENS = [3, 4]
 
@@ -44,10 +45,17 @@ class _Stream:
 class FakeWorker:
     """The WorkerStub calls the gateway makes. Generate answers TOKENS; `fail` makes every
     request call fail with that status; `hold` keeps each Generate open until it is set, and
-    `generating` counts the Generates open; `max_num_seqs` is what GetInfo reports."""
+    `generating` counts the Generates open; `max_num_seqs` is what GetInfo reports.
+    `max_inflight` (0: none) is its own bound on running requests, counting `elsewhere` (other
+    gateways' requests): one more is refused at capacity, as libs/worker/capacity.py does."""
 
-    def __init__(self, *, max_num_seqs: int = 8) -> None:
+    def __init__(self, *, max_num_seqs: int = 8, max_inflight: int = 0) -> None:
         self.max_num_seqs = max_num_seqs
+        self.max_inflight = max_inflight
+        self.elsewhere = 0
+        self.prefilling = 0
+        self.peak = 0  # the most requests it ran at once, `elsewhere` included
+        self.refused = 0
         self.fail: grpc.StatusCode | None = None
         self.poll_fail: grpc.StatusCode | None = None
         self.hold: asyncio.Event | None = None
@@ -60,10 +68,29 @@ class FakeWorker:
         self.calls[method] += 1
         self.timeouts[method].append(timeout)
 
+    @property
+    def inflight(self) -> int:
+        return self.generating + self.prefilling + self.elsewhere
+
+    def _admit(self) -> None:
+        if self.max_inflight and self.inflight >= self.max_inflight:
+            self.refused += 1
+            raise rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, at_capacity.message("full"))
+
+    def _counted(self) -> None:
+        self.peak = max(self.peak, self.inflight)
+
     async def Prefill(self, request: worker_pb2.PrefillRequest, **options: Any) -> worker_pb2.PrefillResponse:
         self._record("Prefill", options.get("timeout"))
         if self.fail is not None:
             raise rpc_error(self.fail, "prefill failed")
+        self._admit()
+        self.prefilling += 1
+        self._counted()
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self.prefilling -= 1
         handoff = worker_pb2.KvHandoff(transport="nixl", num_tokens=len(request.prompt_token_ids))
         return worker_pb2.PrefillResponse(first_token_id=TOKENS[0], handoff=handoff)
 
@@ -74,7 +101,10 @@ class FakeWorker:
     async def _generate(
         self, request: worker_pb2.GenerateRequest, deadline_s: float | None
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        self._admit()
         self.generating += 1
+        counted = True
+        self._counted()
         self.started.set()
         try:
             if self.fail is not None:
@@ -90,9 +120,12 @@ class FakeWorker:
             usage = common_pb2.Usage(
                 prompt_tokens=len(request.prompt_token_ids), completion_tokens=len(TOKENS)
             )
+            # As the worker does: out of its count before the last response leaves.
+            counted, self.generating = False, self.generating - 1
             yield worker_pb2.GenerateResponse(complete=worker_pb2.GenerateComplete(usage=usage))
         finally:
-            self.generating -= 1
+            if counted:
+                self.generating -= 1
 
     async def ReleaseKv(self, request: Any, **options: Any) -> worker_pb2.ReleaseKvResponse:
         self._record("ReleaseKv", options.get("timeout"))
@@ -102,10 +135,15 @@ class FakeWorker:
         self._record("GetStats", options.get("timeout"))
         if self.poll_fail is not None:
             raise rpc_error(self.poll_fail, "poll failed")
-        return worker_pb2.WorkerStats()
+        return worker_pb2.WorkerStats(num_inflight=self.inflight)
 
     async def GetInfo(self, request: Any, **_options: Any) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(vocab_size=100, max_model_len=2048, max_num_seqs=self.max_num_seqs)
+        return worker_pb2.WorkerInfo(
+            vocab_size=100,
+            max_model_len=2048,
+            max_num_seqs=self.max_num_seqs,
+            max_inflight_requests=self.max_inflight,
+        )
 
 
 class _DetokenizeCall:
