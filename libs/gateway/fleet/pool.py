@@ -119,18 +119,16 @@ class Endpoint:
             if self.shared_stream is None:
                 # Weakly: the stream must not keep its endpoint (and its channel) alive.
                 report = weakref.WeakMethod(self.report_inflight)
-                self.shared_stream = SharedStream(
-                    self.stub, self.address, lambda inflight: _call(report, inflight)
-                )
+
+                def on_inflight(inflight: int) -> None:
+                    method = report()
+                    if method is not None:
+                        method(inflight)
+
+                self.shared_stream = SharedStream(self.stub, self.address, on_inflight)
             return self.shared_stream.open(request, timeout)
         call: GenerateCall = self.stub.Generate(request, timeout=timeout)
         return call
-
-
-def _call(method: weakref.WeakMethod[Callable[[int], None]], value: int) -> None:
-    bound = method()
-    if bound is not None:
-        bound(value)
 
 
 class WorkerPool:
