@@ -135,8 +135,9 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     max_inflight_per_worker: int = flag(
         0,
         codec=NON_NEGATIVE_INT,
-        help="requests this gateway sends one worker at once; more wait in the gateway's queue "
-        "(0 = twice the worker's max_num_seqs)",
+        help="requests this gateway sends one worker at once, at most the worker's own bound "
+        "(its --max-inflight-requests, other gateways' requests counted); more wait in the "
+        "gateway's queue (0 = the worker's bound)",
     )
     max_queued_requests: int = flag(
         1024,
@@ -229,6 +230,20 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
     # The SLA planner of a local stack (libs/planner, docs/planner.md): it sizes the stack's
     # prefill and decode (or colocated) workers for --planner-ttft-ms / --planner-itl-ms,
     # starting workers and draining them. A fleet with several gateways runs services/planner.
+    # vLLM's flag. Each process is a whole gateway (its own pool, admission and routing state);
+    # per-worker bounds still hold, as for gateway replicas (the workers enforce them).
+    api_server_count: int = flag(
+        1,
+        codec=POSITIVE_INT,
+        help="gateway processes serving the HTTP API on one address, sharing its socket; /metrics "
+        "counts all of them (vLLM's flag)",
+    )
+    listen_fd: int | None = flag(
+        None,
+        codec=NON_NEGATIVE_INT,
+        help="serve the HTTP API on this inherited listening socket (set by --api-server-count "
+        "for its processes; not for users)",
+    )
     planner: bool = flag(
         False,
         help="local stack: an SLA planner starts and drains workers to meet --planner-ttft-ms and "
@@ -263,6 +278,15 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
             raise ConfigError("--tool-call-parser", None, "a tool parser name with --enable-auto-tool-choice")
         if self.cache_salt_key_file is not None and not self.cache_salt_per_api_key:
             raise ConfigError("--cache-salt-per-api-key", False, "on when --cache-salt-key-file is given")
+        if self.api_server_count > 1 and self.planner:
+            raise ConfigError(
+                "--api-server-count",
+                self.api_server_count,
+                "1 with --planner: the API processes are given the stack's workers once, so none "
+                "would see the workers the planner adds",
+            )
+        if self.api_server_count > 1 and self.listen_fd is not None:
+            raise ConfigError("--listen-fd", self.listen_fd, "unset with --api-server-count > 1")
         if self.planner and not self.launches_stack:
             raise ConfigError(
                 "--planner",

@@ -22,6 +22,7 @@ from libs.gateway.api.context import ApiContext
 from libs.gateway.api.http.edge import HttpEdge
 from libs.gateway.api.http.request_deadline import RequestDeadline
 from libs.gateway.api.images import encoder_stub
+from libs.gateway.api_servers import inherited_listener, run_api_servers
 from libs.gateway.common import vllm_metrics
 from libs.gateway.common.deadline import DeadlineStub
 from libs.gateway.config import GatewayConfig
@@ -46,15 +47,28 @@ from libs.stack.launcher import LocalStack
 async def serve(
     config: GatewayConfig, edge: HttpEdge, security: RpcSecurity, entry_points: EntryPoints
 ) -> None:
-    """`entry_points`: how the local stack starts each service (the services layer's registry)."""
-    # Bound before the stack starts: the port is ours (and reported) while models load.
-    listener = socket.create_server((config.host, config.port))
+    """`entry_points`: how the local stack starts each service (the services layer's registry).
+    With --api-server-count N > 1, N gateway processes serve the API (api_servers.py)."""
+    if config.listen_fd is not None:  # one of those N processes
+        listener = inherited_listener(config.listen_fd)
+    else:
+        # Bound before the stack starts: the port is ours (and reported) while models load.
+        listener = socket.create_server((config.host, config.port))
     port = listener.getsockname()[1]
     if config.port_file is not None:
         write_port_file(config.port_file, port)
     async with AsyncExitStack() as cleanup:
         cleanup.callback(listener.close)
-        addresses, security, stack = await _services(config, security, entry_points, cleanup)
+        addresses, config, security, stack = await _services(config, security, entry_points, cleanup)
+        if config.api_server_count > 1:
+            print(
+                f"cleave: serving at http://{config.host}:{port}/v1 with {config.api_server_count} "
+                "API server processes",
+                file=sys.stderr,
+                flush=True,
+            )
+            await run_api_servers(config, addresses, listener, entry_points.module(ServiceKind.GATEWAY))
+            return
         context, pool = await _context(config, security, addresses, cleanup)
         if config.planner and stack is not None and addresses.config is not None:
             planner = local_planner.planner_for_stack(
@@ -79,20 +93,21 @@ async def serve(
                 app, log_config=None, access_log=False, timeout_graceful_shutdown=config.http_shutdown_grace_s
             )
         )
-        print(
-            f"cleave: serving {context.model.model} at http://{config.host}:{port}/v1"
-            + (f" (API key required: {len(edge.api_keys)} configured)" if edge.api_keys else ""),
-            file=sys.stderr,
-            flush=True,
-        )
+        if config.listen_fd is None:  # the process that runs N says it once
+            print(
+                f"cleave: serving {context.model.model} at http://{config.host}:{port}/v1"
+                + (f" (API key required: {len(edge.api_keys)} configured)" if edge.api_keys else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         await server.serve(sockets=[listener])
 
 
 async def _services(
     config: GatewayConfig, security: RpcSecurity, entry_points: EntryPoints, cleanup: AsyncExitStack
-) -> tuple[local.StackAddresses, RpcSecurity, LocalStack | None]:
+) -> tuple[local.StackAddresses, GatewayConfig, RpcSecurity, LocalStack | None]:
     """The services' addresses: a local stack started for this gateway (returned too), or the
-    ones given."""
+    ones given; the config and security with the stack's own gRPC token when it made one."""
     if not config.launches_stack:
         workers = {
             Role.PREFILL: config.prefill_workers,
@@ -106,7 +121,7 @@ async def _services(
             config.kvstore_address,
             config.encoders,
         )
-        return addresses, security, None
+        return addresses, config, security, None
     if config.grpc_stack_token and security.token is None:
         token_dir = Path(tempfile.mkdtemp(prefix="cleave-grpc-"))  # mode 0700
         cleanup.callback(shutil.rmtree, token_dir, ignore_errors=True)
@@ -118,7 +133,7 @@ async def _services(
     addresses = await local.launch(config, stack, entry_points=entry_points, security=config)
     watcher = asyncio.create_task(stack.watch())
     cleanup.callback(watcher.cancel)
-    return addresses, security, stack
+    return addresses, config, security, stack
 
 
 async def _context(

@@ -16,6 +16,10 @@ class RpcOptions:
     # worker behind a NAT or a frozen VM) within seconds rather than the TCP timeout.
     keepalive_time_ms: int = 10_000
     keepalive_timeout_ms: int = 5_000
+    # Servers: end each client connection after this long (None: never). Calls open on it
+    # finish (no grace limit); new calls go out on a new connection, for which the client
+    # resolves the server's name again (gRPC adds +-10% jitter).
+    max_connection_age_ms: int | None = None
 
     def as_grpc_options(self) -> list[tuple[str, int]]:
         return [
@@ -27,4 +31,9 @@ class RpcOptions:
             ("grpc.http2.max_pings_without_data", 0),
             # Servers must accept the clients' keepalive rate or they answer GOAWAY.
             ("grpc.http2.min_ping_interval_without_data_ms", min(self.keepalive_time_ms, 5_000)),
+            *(
+                [("grpc.max_connection_age_ms", self.max_connection_age_ms)]
+                if self.max_connection_age_ms
+                else []
+            ),
         ]

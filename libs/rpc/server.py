@@ -37,6 +37,14 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+# A replicated service's clients (channel.py: round_robin over every address its name resolves
+# to) learn of a replica added later only when they resolve the name again, which gRPC does
+# when a connection ends. Ending each connection after five minutes lets new replicas take
+# their share within that; running calls are never cut. Workers are not replicated this way:
+# the gateway finds them by its own DNS refresh, and their GenerateMany call lives long.
+REPLICA_CONNECTION_AGE_MS = 300_000
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -56,9 +64,12 @@ class ServerConfig:
     health_port: int | None = None
 
     @classmethod
-    def of(cls, flags: ServingFlags, security: RpcSecurity) -> ServerConfig:
-        """The config a service's flags (ServerFlags, GrpcServingFlags, --grpc-reflection) say."""
+    def of(cls, flags: ServingFlags, security: RpcSecurity, *, replicated: bool = False) -> ServerConfig:
+        """The config a service's flags (ServerFlags, GrpcServingFlags, --grpc-reflection) say.
+        `replicated`: a stateless service that may run as several replicas behind one name
+        (tokenizer, encoder, kvstore), whose connections are renewed now and then."""
         return cls(
+            rpc=RpcOptions(max_connection_age_ms=REPLICA_CONNECTION_AGE_MS if replicated else None),
             host=flags.host,
             port=flags.port,
             port_file=flags.port_file,

@@ -40,7 +40,7 @@ def load_servicer(config: EncoderConfig) -> EncoderServicer:
 
 
 async def run(config: EncoderConfig, servicer: EncoderServicer, security: RpcSecurity) -> None:
-    server_config = ServerConfig.of(config, security)
+    server_config = ServerConfig.of(config, security, replicated=True)
     server = GrpcServer(server_config, [binding(servicer)])
     await serve_until_signal(server)
 

@@ -28,7 +28,7 @@ LMCACHE_LOG_LEVEL_ENV = "LMCACHE_LOG_LEVEL"
 
 
 async def run(process: KvStoreProcessConfig, service: ServiceBinding, security: RpcSecurity) -> None:
-    server_config = ServerConfig.of(process, security)
+    server_config = ServerConfig.of(process, security, replicated=True)
     await serve_until_signal(GrpcServer(server_config, [service]))
 
 

@@ -58,7 +58,7 @@ def _tool_parser(name: str | None) -> ToolCallParser | None:
 
 
 async def run(process: TokenizerServerConfig, servicer: TokenizerServicer, security: RpcSecurity) -> None:
-    server_config = ServerConfig.of(process, security)
+    server_config = ServerConfig.of(process, security, replicated=True)
     server = GrpcServer(server_config, [binding(servicer)])
     await serve_until_signal(server)
 

@@ -101,6 +101,8 @@ def test_args_are_flags_the_services_accept_and_addresses_name_the_services(over
 
     gateway = parsed["gateway"]
     assert not gateway.launches_stack and gateway.worker_dns_refresh_s > 0
+    # More than one gateway by default: the API is no single point of failure.
+    assert objs[("Deployment", "gateway")]["spec"]["replicas"] >= 2
     # Headless: every tokenizer replica's address, which the gateway's channel balances over.
     service_port(gateway.tokenizer, "cleave-tokenizer", headless=True)
     service_port(gateway.kvstore_address, "cleave-kvstore", headless=False)
@@ -160,7 +162,7 @@ def test_topologies_differ_in_their_workers_only() -> None:
         }
         for overlay in OVERLAYS
     }
-    shared = {"gateway": 1, "tokenizer": 1, "kvstore": 1, "redis": 1}
+    shared = {"gateway": 2, "tokenizer": 1, "kvstore": 1, "redis": 1}
     assert replicas["pd"] == {**shared, "pd": 1}
     assert replicas["1p1d"] == {**shared, "prefill": 1, "decode": 1}
     assert replicas["2p1d"] == {**shared, "prefill": 2, "decode": 1}

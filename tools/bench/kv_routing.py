@@ -32,23 +32,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from libs.config.flags import render
 from libs.config.groups import EngineKind
 from libs.gateway.config import GatewayConfig
 from libs.mockengine.profiles import load_profile
-from libs.rpc.ports import read_port_file
-from libs.stack import process as processes
-from libs.stack.entry_points import ServiceKind
 from libs.stack.topology import parse_mode
-from services.entry_points import ENTRY_POINTS
 from tools.bench.calibrate_mock import cpu_facts
 from tools.bench.client import Outcome, stream_request
+from tools.bench.gateways import start_gateway, start_replicas, wait_serving
 
 MODEL = "smollm2"  # the tokenizer the mock stack loads (its ids are what the mock generates)
 FIRST_ID, LAST_ID = 1_000, 40_000  # plain word pieces of SmolLM2's vocabulary
@@ -107,6 +103,15 @@ def oracle_bound(requests: Sequence[Request], context_tokens: int, block_size: i
     return hits / sum(len(r.prompt) for r in requests)
 
 
+# The primary's flags that matter to this workload, for each replica too.
+REPLICA_FLAGS = {
+    "enable_prompt_tokens_details": True,
+    "max_queued_requests": 100_000,
+    "queue_timeout_s": 0.0,
+    "request_timeout_s": 0.0,
+}
+
+
 def gateway_config(args: argparse.Namespace, policy: str, port_file: Path, token_file: Path) -> GatewayConfig:
     return GatewayConfig(
         mode=parse_mode(f"{args.workers}pd"),
@@ -125,17 +130,6 @@ def gateway_config(args: argparse.Namespace, policy: str, port_file: Path, token
         cache_dir=args.cache_dir,
         grpc_token_file=token_file,
     )
-
-
-def replica_config(
-    primary: GatewayConfig, port_file: Path, tokenizer: str, workers: Sequence[str]
-) -> GatewayConfig:
-    """Another gateway over the primary's local stack (the same workers and tokenizer)."""
-    return replace(
-        GatewayConfig(), host="127.0.0.1", port=0, port_file=port_file, tokenizer=tokenizer, pd_workers=tuple(workers),
-        routing=primary.routing, enable_prompt_tokens_details=True, max_queued_requests=100_000,
-        queue_timeout_s=0.0, request_timeout_s=0.0, grpc_token_file=primary.grpc_token_file,
-    )  # fmt: skip
 
 
 async def drive(
@@ -181,15 +175,11 @@ def run_policy(args: argparse.Namespace, policy: str, requests: Sequence[Request
     try:
         bases = [wait_serving(*gateways[0], 600)]
         if args.gateways > 1:
-            health = httpx.get(f"{bases[0]}/health", timeout=30).json()
-            workers = [str(w["address"]) for w in health["workers"]]
-            tokenizer_port = read_port_file(primary.log_dir / f"tokenizer.{gateways[0][0].pid}.port")
-            for index in range(1, args.gateways):
-                replica = replica_config(
-                    primary, folder / f"gateway-{index}.port", f"127.0.0.1:{tokenizer_port}", workers
-                )
-                gateways.append(start_gateway(f"gateway-{index}", replica, logs))
-            bases += [wait_serving(*g, 120) for g in gateways[1:]]
+            replicas, replica_bases = start_replicas(
+                gateways[0], bases[0], args.gateways - 1, folder, logs, **REPLICA_FLAGS
+            )
+            gateways += replicas
+            bases += replica_bases
         print(
             f"round {round_}, {policy}: {len(requests)} requests over {len(bases)} gateways",
             file=sys.stderr,
@@ -200,29 +190,6 @@ def run_policy(args: argparse.Namespace, policy: str, requests: Sequence[Request
         for process, _config in reversed(gateways):
             process.stop(60.0)
     return PolicyRun(policy, round_, outcomes, wall_s)
-
-
-def start_gateway(
-    name: str, config: GatewayConfig, logs: Path
-) -> tuple[processes.RunningProcess, GatewayConfig]:
-    spec = processes.ProcessSpec(
-        name, processes.python_module(ENTRY_POINTS.module(ServiceKind.GATEWAY), render(config))
-    )
-    return processes.start(spec, logs), config
-
-
-def wait_serving(process: processes.RunningProcess, config: GatewayConfig, timeout_s: float) -> str:
-    """The gateway's base URL once it reported its port and says it is ready."""
-    assert config.port_file is not None
-    deadline = time.monotonic() + timeout_s
-    while not config.port_file.exists() or not config.port_file.read_text().strip():
-        if process.exit_code() is not None or time.monotonic() > deadline:
-            raise process.failure("did not report its port")
-        time.sleep(0.2)
-    base = f"http://127.0.0.1:{config.port_file.read_text().strip()}"
-    ready = replace(process, spec=replace(process.spec, health_url=f"{base}/ready"))
-    asyncio.run(processes.wait_ready([ready], timeout_s))
-    return base
 
 
 def report(runs: Sequence[PolicyRun], bound: float, args: argparse.Namespace) -> str:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from libs.gateway.api import health as health_api
-from libs.gateway.api import request_ids, tokenize_api
+from libs.gateway.api import metrics_export, request_ids, tokenize_api
 from libs.gateway.api.cancellation import ClientDisconnected
 from libs.gateway.api.completions import Completions, invocation_body
 from libs.gateway.api.context import ApiContext
@@ -28,6 +28,7 @@ from libs.gateway.api.openai_api import (
 )
 from libs.gateway.api.requests import check_model, validation_error
 from libs.gateway.common import errors
+from libs.gateway.fleet.worker_metrics import WorkerStatsCollector
 
 
 def create_app(context: ApiContext, edge: HttpEdge | None = None) -> FastAPI:
@@ -53,7 +54,8 @@ def create_app(context: ApiContext, edge: HttpEdge | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
-        return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+        text = metrics_export.latest([WorkerStatsCollector(context.workers)])
+        return Response(text, media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
     @app.get("/version")
     async def version() -> dict[str, Any]:

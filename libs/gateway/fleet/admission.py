@@ -37,13 +37,19 @@ from libs.gateway.common.deadline import NO_DEADLINE, Deadline
 from libs.gateway.fleet.breaker import BreakerState
 from libs.gateway.fleet.pool import Endpoint, WorkerPool
 
-QUEUE_DEPTH = Gauge("cleave_gateway_queue_depth", "Requests waiting in the gateway for a worker with room")
+# livesum: with several API processes (--api-server-count), /metrics adds up the running ones'.
+QUEUE_DEPTH = Gauge(
+    "cleave_gateway_queue_depth",
+    "Requests waiting in the gateway for a worker with room",
+    multiprocess_mode="livesum",
+)
 # The same queue by the role each request waits for: what an autoscaler adds to the workers'
 # own vllm:num_requests_waiting (deploy/k8s/observability: decode scales on both).
 QUEUED = Gauge(
     "cleave_gateway_queued_requests",
     "Requests waiting in the gateway for a worker with room, by the role they wait for",
     ["role"],
+    multiprocess_mode="livesum",
 )
 REJECTED = Counter(
     "cleave_gateway_admission_rejected_total",

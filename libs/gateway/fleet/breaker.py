@@ -48,6 +48,8 @@ STATE = Gauge(
     "cleave_gateway_worker_breaker_state",
     "Circuit breaker of each worker: 0 closed (routed to), 1 half-open (probing), 2 open",
     ["worker", "role"],
+    # With several API processes (--api-server-count), the worst any running one sees.
+    multiprocess_mode="livemax",
 )
 TRANSITIONS = Counter(
     "cleave_gateway_worker_breaker_transitions_total",

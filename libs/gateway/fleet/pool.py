@@ -36,6 +36,10 @@ from libs.rpc.security import RpcSecurity
 
 log = structlog.get_logger(__name__)
 
+# How long a worker that refused a request at its bound counts as full without a report saying
+# otherwise; then one request tries it again (a refusal costs a round trip; nothing runs).
+FULL_RETRY_S = 0.1
+
 
 @dataclass
 class Endpoint:
@@ -70,8 +74,9 @@ class Endpoint:
     # them with `admitted` against the worker's bound, which the worker itself enforces.
     elsewhere: int = 0
     # The worker refused a request for being at its bound (libs/rpc/at_capacity.py): none is
-    # sent to it until it reports room.
+    # sent to it until it reports room, or FULL_RETRY_S passes.
     full: bool = False
+    _full_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     # Called when a report shows room that was not there (the pool's listeners: waiters may go).
     on_room: Callable[[], None] | None = None
 
@@ -104,8 +109,20 @@ class Endpoint:
             self.on_room()
 
     def refused_at_capacity(self) -> None:
-        """The worker refused a request at its bound: it has no room until it says so."""
+        """The worker refused a request at its bound: it has no room until it says so, or
+        until FULL_RETRY_S passes (a worker this gateway has nothing running on sends it no
+        message, and its next poll may be a second away)."""
         self.full = True
+        if self._full_timer is not None:
+            self._full_timer.cancel()
+        self._full_timer = asyncio.get_running_loop().call_later(FULL_RETRY_S, self._retry_when_full)
+
+    def _retry_when_full(self) -> None:
+        self._full_timer = None
+        if self.full:
+            self.full = False
+            if self.on_room is not None:
+                self.on_room()
 
     def generate(self, request: worker_pb2.GenerateRequest, timeout: float | None) -> GenerateCall:
         """The request's Generate stream: on the worker's shared GenerateMany call when it

@@ -9,16 +9,22 @@ worker starts again from 0, as a counter would).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from libs.gateway.fleet.pool import Endpoint, WorkerPool
+from libs.gateway.fleet.pool import Endpoint
+
+
+class Fleet(Protocol):
+    @property
+    def endpoints(self) -> Sequence[Endpoint]: ...
 
 
 class WorkerStatsCollector(Collector):
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(self, pool: Fleet) -> None:
         self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
@@ -42,7 +48,7 @@ class WorkerStatsCollector(Collector):
         yield _cached_blocks(endpoints)
 
 
-def _cached_blocks(endpoints: list[Endpoint]) -> Metric:
+def _cached_blocks(endpoints: Sequence[Endpoint]) -> Metric:
     """What each followed worker's KV events say its engine caches (--routing kv_events)."""
     family = GaugeMetricFamily(
         "cleave_gateway_worker_kv_cached_blocks",
@@ -56,7 +62,7 @@ def _cached_blocks(endpoints: list[Endpoint]) -> Metric:
     return family
 
 
-def _load(endpoints: list[Endpoint]) -> Iterator[Metric]:
+def _load(endpoints: Sequence[Endpoint]) -> Iterator[Metric]:
     """Each worker's load as last polled, and whether this gateway routes to it: what a fleet
     planner (libs/planner/observe.py) sizes the fleet from. Retired workers are not listed."""
     labels = ["worker", "role"]
@@ -95,7 +101,7 @@ def _load(endpoints: list[Endpoint]) -> Iterator[Metric]:
     yield from families.values()
 
 
-def _spec_decode(endpoints: list[Endpoint]) -> Iterator[Metric]:
+def _spec_decode(endpoints: Sequence[Endpoint]) -> Iterator[Metric]:
     """Speculative decoding per worker that has drafted (--decode-speculative-config)."""
     speculating = [e for e in endpoints if e.stats.spec_decode.drafts]
     labels = ["worker", "role"]

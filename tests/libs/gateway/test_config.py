@@ -294,3 +294,30 @@ def test_cache_salt_per_api_key_needs_keys_and_takes_a_secret_file(tmp_path: Pat
         parse_args(flags).http_edge({})
     with pytest.raises(ConfigError, match="--cache-salt-per-api-key"):
         parse_args(["--cache-salt-key-file", str(secret)])
+
+
+def test_api_server_count_passes_each_process_the_stacks_services_and_the_socket() -> None:
+    from libs.config.roles import Role
+    from libs.gateway.api_servers import process_config
+    from libs.stack.local import StackAddresses
+
+    config = parse_args(["--mode", "2p1d", "--api-server-count", "3", "--kvstore"])
+    assert config.api_server_count == 3
+    addresses = StackAddresses(
+        "127.0.0.1:1",
+        {Role.PREFILL: ["127.0.0.1:2", "127.0.0.1:3"], Role.DECODE: ["127.0.0.1:4"]},
+        "smollm2",
+        "127.0.0.1:5",
+    )
+    child = parse_args(render(process_config(config, addresses, listen_fd=7)))
+    assert (child.api_server_count, child.listen_fd, child.port_file) == (1, 7, None)
+    assert not child.launches_stack and not child.kvstore
+    assert child.tokenizer == "127.0.0.1:1" and child.kvstore_address == "127.0.0.1:5"
+    assert child.prefill_workers == ("127.0.0.1:2", "127.0.0.1:3") and child.decode_workers == (
+        "127.0.0.1:4",
+    )
+    assert child.routing == config.routing and child.request_timeout_s == config.request_timeout_s
+    with pytest.raises(ConfigError, match="--api-server-count"):
+        parse_args(["--api-server-count", "2", "--planner"])
+    with pytest.raises(ConfigError, match="--api-server-count"):
+        parse_args(["--api-server-count", "0"])

@@ -14,7 +14,14 @@ from libs.rpc.channel import open_channel
 from libs.rpc.options import RpcOptions
 from libs.rpc.ports import free_port
 from libs.rpc.security import RpcSecurity
-from libs.rpc.server import GrpcServer, ServerConfig, ServiceBinding, drain_and_stop, drain_deadline
+from libs.rpc.server import (
+    REPLICA_CONNECTION_AGE_MS,
+    GrpcServer,
+    ServerConfig,
+    ServiceBinding,
+    drain_and_stop,
+    drain_deadline,
+)
 
 WORKER = "cleave.worker.v1.Worker"
 
@@ -164,3 +171,54 @@ def _varint(n: int) -> bytes:
         out.append(byte | (0x80 if n else 0))
         if not n:
             return bytes(out)
+
+
+class PeerWorker(worker_pb2_grpc.WorkerServicer):
+    """GetInfo answers with the caller's address (its connection's port); GetStats is slow."""
+
+    async def GetInfo(
+        self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerInfo:
+        return worker_pb2.WorkerInfo(model=context.peer())
+
+    async def GetStats(
+        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStats:
+        await asyncio.sleep(1.5)
+        return worker_pb2.WorkerStats(num_running=7)
+
+
+async def test_an_aged_connection_is_renewed_without_cutting_a_call_or_failing_the_next() -> None:
+    binding = ServiceBinding(WORKER, PeerWorker(), worker_pb2_grpc.add_WorkerServicer_to_server)
+    server = GrpcServer(ServerConfig(rpc=RpcOptions(max_connection_age_ms=300)), [binding])
+    await server.start()
+    try:
+        async with open_channel(server.address) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            first = (await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=5)).model
+            slow = asyncio.ensure_future(stub.GetStats(worker_pb2.GetStatsRequest(), timeout=5))
+            peers = {first}
+            for _ in range(10):  # calls across the ageing all succeed
+                await asyncio.sleep(0.15)
+                peers.add((await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=5)).model)
+            assert (await slow).num_running == 7  # outlived its connection's age: not cut
+            assert len(peers) > 1  # later calls came over a new connection
+    finally:
+        await server.stop()
+
+
+def test_replicated_services_renew_their_connections_and_workers_do_not() -> None:
+    class Flags:
+        host, port, port_file, shutdown_grace_s, grpc_reflection, health_port = (
+            "127.0.0.1",
+            0,
+            None,
+            1.0,
+            False,
+            None,
+        )
+
+    replicated = ServerConfig.of(Flags(), RpcSecurity(), replicated=True)
+    worker = ServerConfig.of(Flags(), RpcSecurity())
+    assert ("grpc.max_connection_age_ms", REPLICA_CONNECTION_AGE_MS) in replicated.rpc.as_grpc_options()
+    assert all(name != "grpc.max_connection_age_ms" for name, _ in worker.rpc.as_grpc_options())

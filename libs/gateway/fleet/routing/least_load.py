@@ -1,5 +1,7 @@
-"""Least load: fewest requests in flight from this gateway, then the worker's own queue and
-KV usage from its last polled stats (in-flight counts are fresher than polls)."""
+"""Least load: fewest requests in flight on the worker, this gateway's (`admitted`) and the other
+gateways' as the worker last reported them (`elsewhere`, with every GenerateMany message), then
+the worker's own queue and KV usage from its last polled stats (in-flight counts are fresher
+than polls)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ class LeastLoad:
         return min(
             candidates,
             key=lambda e: (
-                e.admitted + e.stats.num_waiting,
+                e.admitted + e.elsewhere,
+                e.stats.num_waiting,
                 e.stats.num_running,
                 e.stats.kv_cache_usage,
                 e.address,

@@ -49,6 +49,11 @@ def test_least_load_prefers_fewer_admitted_then_queue_then_kv() -> None:
     assert policy.pick([busy, idle], []).address == "a:1"
     full, empty = endpoint("c:1", kv_cache_usage=0.9), endpoint("d:1", kv_cache_usage=0.1)
     assert policy.pick([full, empty], []).address == "d:1"
+    # Other gateways' requests, as the worker reported them, count like this gateway's own.
+    shared, own = endpoint("e:1"), endpoint("f:1")
+    shared.report_inflight(4)
+    own.admitted = 3
+    assert shared.elsewhere == 4 and policy.pick([shared, own], []).address == "f:1"
 
 
 @pytest.mark.anyio

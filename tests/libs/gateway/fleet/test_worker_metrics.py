@@ -32,7 +32,7 @@ def test_kv_pulls_scrape_as_a_summary_the_bench_can_difference() -> None:
         "p:1", "prefill", worker_pb2.WorkerStats(kvstore=worker_pb2.KvStoreConnectorStats(tokens_loaded=512))
     )
     registry = CollectorRegistry()
-    registry.register(WorkerStatsCollector(FakePool([decode, prefill])))  # type: ignore[arg-type]
+    registry.register(WorkerStatsCollector(FakePool([decode, prefill])))
     before = generate_latest(registry).decode()
     decode.stats = worker_pb2.WorkerStats(kv_pulls=worker_pb2.KvPullStats(transfers=5, seconds=0.10))
     after = generate_latest(registry).decode()
@@ -50,7 +50,7 @@ def test_spec_decode_of_speculating_workers_is_re_exported() -> None:
     decode = endpoint("d:1", "decode", worker_pb2.WorkerStats(spec_decode=spec))
     prefill = endpoint("p:1", "prefill", worker_pb2.WorkerStats())
     registry = CollectorRegistry()
-    registry.register(WorkerStatsCollector(FakePool([decode, prefill])))  # type: ignore[arg-type]
+    registry.register(WorkerStatsCollector(FakePool([decode, prefill])))
     text = generate_latest(registry).decode()
     assert 'cleave_gateway_worker_spec_decode_accepted_tokens_total{role="decode",worker="d:1"} 10.0' in text
     assert 'cleave_gateway_worker_spec_decode_acceptance_rate{role="decode",worker="d:1"} 0.5' in text
@@ -64,7 +64,7 @@ def test_the_blocks_each_followed_worker_caches_are_exported() -> None:
     followed.cached_blocks.apply(KvCacheUpdate(stored=(1, 2, 3)))
     unknown = endpoint("b:1", "prefill", worker_pb2.WorkerStats())  # not followed, or not heard
     registry = CollectorRegistry()
-    registry.register(WorkerStatsCollector(FakePool([followed, unknown])))  # type: ignore[arg-type]
+    registry.register(WorkerStatsCollector(FakePool([followed, unknown])))
     text = generate_latest(registry).decode()
     assert 'cleave_gateway_worker_kv_cached_blocks{role="prefill",worker="a:1"} 3.0' in text
     assert 'cleave_gateway_worker_kv_cached_blocks{role="prefill",worker="b:1"}' not in text
