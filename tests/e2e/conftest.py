@@ -4,6 +4,7 @@ stacks that the suites of one target share."""
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +57,10 @@ def api_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, t
     its base URL. The suites of //tests/e2e:test_vllm_api share them (two 1p1d starts less);
     nothing they check depends on another suite's requests."""
     modes = ("1p1d", "pd")
-    specs = (StackSpec(mode, tmp_path_factory.mktemp(f"api-{mode}"), API_STACK_FLAGS) for mode in modes)
+    # The same suites through other gateway flags, e.g. several API processes:
+    # ./bazel test //tests/e2e:test_vllm_api --test_env=CLEAVE_E2E_GATEWAY_FLAGS="--api-server-count 2"
+    flags = (*API_STACK_FLAGS, *shlex.split(os.environ.get("CLEAVE_E2E_GATEWAY_FLAGS", "")))
+    specs = (StackSpec(mode, tmp_path_factory.mktemp(f"api-{mode}"), flags) for mode in modes)
     started = start_gateway_stacks(*specs)
     try:
         yield dict(zip(modes, started, strict=True))
