@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 import structlog
 
@@ -89,3 +89,29 @@ async def wait_until(done: Callable[[], bool], deadline: float) -> bool:
 def handoff_time(now: float, deadline: float) -> float:
     """When the drain stops waiting and hands off what is still running."""
     return deadline - min(HANDOFF_RESERVE_S, max(deadline - now, 0.0) / 5)
+
+
+async def drain_worker(
+    state: DrainState,
+    running: Collection[str],
+    leased: Callable[[], int],
+    abort: Callable[[str], Awaitable[None]],
+    deadline: float,
+) -> None:
+    """Steps 1-3 above for a worker whose running requests are `running` (a live view), whose
+    KV held for decode workers is `leased()`, and whose engine aborts a request with `abort`;
+    `deadline` is the loop's time."""
+    state.begin()
+    loop = asyncio.get_running_loop()
+    log.info("draining", running=len(running), leased=leased())
+    idle = await wait_until(lambda: not running and not leased(), handoff_time(loop.time(), deadline))
+    if idle:
+        log.info("drained: every request finished")
+        return
+    left = sorted(running)
+    if left:
+        log.warning("handing off the requests the shutdown grace leaves no time for", requests=len(left))
+        state.hand_off(left)
+        await asyncio.gather(*(abort(request_id) for request_id in left))
+        await wait_until(lambda: not running, deadline)
+    log.info("drained", handed_off=len(left), still_leased=leased())

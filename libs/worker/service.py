@@ -20,7 +20,7 @@ from libs.rpc.errors import FailedPrecondition
 from libs.worker import metrics
 from libs.worker.capacity import InflightRequests, default_limit
 from libs.worker.config import WorkerConfig
-from libs.worker.drain import DrainState, handoff_time, wait_until
+from libs.worker.drain import DrainState, drain_worker
 from libs.worker.engine import Engine, EngineStep, TokenLogprob
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import (
@@ -296,24 +296,8 @@ class WorkerService:
     async def drain(self, deadline: float) -> None:
         """Stops taking requests, lets the running ones finish (and, on a prefill worker, its
         handed-over KV be pulled) until shortly before `deadline` (the loop's time), then hands
-        off what is left: each such request ends with the draining UNAVAILABLE, which the
-        gateway moves to another worker, and the engine aborts it."""
-        self._drain.begin()
-        loop = asyncio.get_running_loop()
-        log.info("draining", running=len(self._active), leased=self._live_leases())
-        idle = await wait_until(
-            lambda: not self._active and not self._live_leases(), handoff_time(loop.time(), deadline)
-        )
-        if idle:
-            log.info("drained: every request finished")
-            return
-        left = sorted(self._active)
-        if left:
-            log.warning("handing off the requests the shutdown grace leaves no time for", requests=len(left))
-            self._drain.hand_off(left)
-            await asyncio.gather(*(self._engine.abort(request_id) for request_id in left))
-            await wait_until(lambda: not self._active, deadline)
-        log.info("drained", handed_off=len(left), still_leased=self._live_leases())
+        off what is left (drain.py)."""
+        await drain_worker(self._drain, self._active, self._live_leases, self._engine.abort, deadline)
 
     # -- liveness ------------------------------------------------------------------------------
     async def wait_engine_dead(self, poll_s: float = 0.5) -> None:
