@@ -41,6 +41,14 @@ async def serve(engine: FakeEngine) -> tuple[GrpcServer, Endpoint]:
     return server, endpoint
 
 
+async def stop(server: GrpcServer, endpoint: Endpoint) -> None:
+    """The client's channel closed before the loop ends (gRPC's completion queue would post its
+    last events to a closed loop otherwise), then the server."""
+    if endpoint.channel is not None:
+        await endpoint.channel.close()
+    await server.stop()
+
+
 def request(request_id: str, max_tokens: int = 4, **sampling: object) -> worker_pb2.GenerateRequest:
     return worker_pb2.GenerateRequest(
         metadata=common_pb2.RequestMetadata(request_id=request_id),
@@ -67,7 +75,7 @@ async def test_requests_on_the_shared_call_stream_what_their_own_calls_do() -> N
         )
         assert endpoint.shared_stream is not None  # the requests did go over GenerateMany
     finally:
-        await server.stop()
+        await stop(server, endpoint)
     assert shared == own
     assert [r.WhichOneof("kind") for r in shared[0]] == ["chunk"] * 4 + ["complete"]
     assert tokens(shared[0]) == [7, 8, 9, 10]
@@ -83,7 +91,7 @@ async def test_a_refused_request_raises_its_own_status_and_the_others_go_on() ->
             await drain(endpoint.stub.Generate(request("bad2", stop_token_ids=[70000]), timeout=10))
         assert tokens(await good) == [7, 8, 9, 10]
     finally:
-        await server.stop()
+        await stop(server, endpoint)
     assert shared.value.code() == own.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert shared.value.details() == own.value.details()
 
@@ -102,7 +110,7 @@ async def test_cancel_aborts_the_request_in_the_engine() -> None:
                 break
             await asyncio.sleep(0.02)
     finally:
-        await server.stop()
+        await stop(server, endpoint)
     assert "gone" in engine.aborted
     assert tokens(other) == [7, 8]
     assert not call.cancel()  # already ended
@@ -119,7 +127,7 @@ async def test_the_deadline_ends_a_request_as_grpc_would_and_frees_it() -> None:
                 break
             await asyncio.sleep(0.02)
     finally:
-        await server.stop()
+        await stop(server, endpoint)
     assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "slow" in engine.aborted
 
@@ -155,7 +163,7 @@ async def test_the_worker_going_away_fails_every_request_on_the_call_and_a_new_c
         assert tokens(served) == [7, 8]
         assert set(refusals) <= {grpc.StatusCode.UNAVAILABLE}
     finally:
-        await again.stop()
+        await stop(again, endpoint)
 
 
 class RecordingConnection:
