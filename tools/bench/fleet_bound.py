@@ -39,15 +39,20 @@ import httpx
 import numpy as np
 
 from cleave.worker.v1 import worker_pb2, worker_pb2_grpc
-from libs.config.groups import EngineKind
 from libs.gateway.config import GatewayConfig
 from libs.rpc.channel import open_channel
 from libs.rpc.security import RpcSecurity
 from libs.stack.config import StackRole
-from libs.stack.topology import parse_mode
 from tools.bench.calibrate_mock import cpu_facts
 from tools.bench.client import Outcome, stream_request
-from tools.bench.gateways import Gateway, start_gateway, start_replicas, wait_serving, workers_of
+from tools.bench.gateways import (
+    Gateway,
+    mock_stack_config,
+    start_gateway,
+    start_replicas,
+    wait_serving,
+    workers_of,
+)
 
 MODEL = "smollm2"
 FIRST_ID, LAST_ID = 1_000, 40_000
@@ -96,20 +101,16 @@ class Run:
 
 
 def gateway_config(args: argparse.Namespace, port_file: Path, token_file: Path) -> GatewayConfig:
-    return GatewayConfig(
-        mode=parse_mode(f"{args.workers}pd"),
-        host="127.0.0.1",
-        port=0,
-        port_file=port_file,
-        engine=EngineKind.MOCK,
-        mock_profile=args.profile,
-        mock_time_scale=args.time_scale,
-        mock_startup_s=0.0,
+    return mock_stack_config(
+        args.workers,
+        args.profile,
+        args.time_scale,
+        port_file,
+        token_file,
+        args.cache_dir,
         decode=StackRole(max_num_seqs=args.max_num_seqs),  # colocated workers take decode's
         routing=args.routing,
-        cache_dir=args.cache_dir,
-        grpc_token_file=token_file,
-        **REPLICA_FLAGS,  # type: ignore[arg-type]
+        **REPLICA_FLAGS,
     )
 
 

@@ -13,13 +13,41 @@ from typing import Any
 import httpx
 
 from libs.config.flags import render
+from libs.config.groups import EngineKind
 from libs.gateway.config import GatewayConfig
 from libs.rpc.ports import read_port_file
 from libs.stack import process as processes
 from libs.stack.entry_points import ServiceKind
+from libs.stack.topology import parse_mode
 from services.entry_points import ENTRY_POINTS
 
 Gateway = tuple[processes.RunningProcess, GatewayConfig]
+
+
+def mock_stack_config(
+    workers: int,
+    profile: str,
+    time_scale: float,
+    port_file: Path,
+    token_file: Path,
+    cache_dir: Path,
+    **flags: Any,
+) -> GatewayConfig:
+    """A gateway on 127.0.0.1 (any free port, written to `port_file`) whose local stack runs
+    `workers` colocated mock workers, and `flags` besides."""
+    return GatewayConfig(
+        mode=parse_mode(f"{workers}pd"),
+        host="127.0.0.1",
+        port=0,
+        port_file=port_file,
+        engine=EngineKind.MOCK,
+        mock_profile=profile,
+        mock_time_scale=time_scale,
+        mock_startup_s=0.0,
+        cache_dir=cache_dir,
+        grpc_token_file=token_file,
+        **flags,
+    )
 
 
 def start_gateway(name: str, config: GatewayConfig, logs: Path) -> Gateway:

@@ -38,13 +38,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from libs.config.groups import EngineKind
 from libs.gateway.config import GatewayConfig
 from libs.mockengine.profiles import load_profile
-from libs.stack.topology import parse_mode
 from tools.bench.calibrate_mock import cpu_facts
 from tools.bench.client import Outcome, stream_request
-from tools.bench.gateways import start_gateway, start_replicas, wait_serving
+from tools.bench.gateways import mock_stack_config, start_gateway, start_replicas, wait_serving
 
 MODEL = "smollm2"  # the tokenizer the mock stack loads (its ids are what the mock generates)
 FIRST_ID, LAST_ID = 1_000, 40_000  # plain word pieces of SmolLM2's vocabulary
@@ -113,22 +111,15 @@ REPLICA_FLAGS = {
 
 
 def gateway_config(args: argparse.Namespace, policy: str, port_file: Path, token_file: Path) -> GatewayConfig:
-    return GatewayConfig(
-        mode=parse_mode(f"{args.workers}pd"),
-        host="127.0.0.1",
-        port=0,
-        port_file=port_file,
-        engine=EngineKind.MOCK,
-        mock_profile=args.profile,
-        mock_time_scale=args.time_scale,
-        mock_startup_s=0.0,
+    return mock_stack_config(
+        args.workers,
+        args.profile,
+        args.time_scale,
+        port_file,
+        token_file,
+        args.cache_dir,
         routing=policy,
-        enable_prompt_tokens_details=True,
-        max_queued_requests=100_000,
-        queue_timeout_s=0.0,
-        request_timeout_s=0.0,
-        cache_dir=args.cache_dir,
-        grpc_token_file=token_file,
+        **REPLICA_FLAGS,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -17,7 +17,9 @@ from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
+from libs.gateway.common.generation import GenerationSpec, SequenceEvent
 from libs.gateway.fleet.pool import WorkerPool
+from libs.gateway.serving.generate import Serving
 from libs.rpc import at_capacity
 
 TOKENS = [3, 4]
@@ -185,3 +187,22 @@ async def fake_pool(roles: Mapping[str, Sequence[Any]], **options: Any) -> Worke
             pool.add(f"{role}-{i}", Role(role), worker)
     await pool.poll_once()
     return pool
+
+
+def simple_spec(request_id: str = "r") -> GenerationSpec:
+    """A 3-token prompt, up to 8 tokens: what the fake workers answer TOKENS to."""
+    return GenerationSpec(request_id, "m", [1, 2, 3], common_pb2.SamplingParams(max_tokens=8), [])
+
+
+async def text(serving: Serving, request: GenerationSpec) -> str:
+    """A request's whole text through `serving`."""
+    return "".join([e.text async for e in serving.generate(request) if isinstance(e, SequenceEvent)])
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Polls a condition the event loop makes true (bounded, so a bug fails instead of hanging)."""
+    for _ in range(5000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never became true")

@@ -5,48 +5,28 @@ worker can serve, waiters whose client left, and the breaker's half-open probe."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from cleave.common.v1 import common_pb2
 from libs.gateway.common import errors
-from libs.gateway.common.generation import GenerationSpec, SequenceEvent
 from libs.gateway.fleet.admission import Admission, AdmissionConfig
 from libs.gateway.fleet.breaker import BreakerConfig, BreakerState
 from libs.gateway.fleet.pool import WorkerPool
 from libs.gateway.fleet.routing import create_policy
 from libs.gateway.serving.generate import Serving
-from tests.libs.gateway.fake_workers import FakeDetokenizer, FakeWorker, fake_pool
+from tests.libs.gateway.fake_workers import FakeDetokenizer, FakeWorker, fake_pool, simple_spec, text, until
 
 pytestmark = pytest.mark.anyio
 ANSWER = "<3><4>"
-
-
-def spec(request_id: str = "r") -> GenerationSpec:
-    return GenerationSpec(request_id, "m", [1, 2, 3], common_pb2.SamplingParams(max_tokens=8), [])
 
 
 def pipeline(pool: WorkerPool, **config: Any) -> tuple[Serving, Admission]:
     admission = Admission(pool, AdmissionConfig(**config))
     policy = create_policy("round_robin")
     return Serving(pool, FakeDetokenizer(), policy, policy, admission=admission), admission  # type: ignore[arg-type]
-
-
-async def text(p: Serving, request: GenerationSpec) -> str:
-    return "".join([e.text async for e in p.generate(request) if isinstance(e, SequenceEvent)])
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Polls a condition the event loop makes true (bounded, so a bug fails instead of hanging)."""
-    for _ in range(5000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never became true")
 
 
 def rejected(reason: str) -> float:
@@ -61,7 +41,7 @@ async def test_requests_beyond_the_bound_wait_and_go_in_arrival_order() -> None:
     finished: list[str] = []
 
     async def request(name: str) -> str:
-        answer = await text(p, spec(name))
+        answer = await text(p, simple_spec(name))
         finished.append(name)
         return answer
 
@@ -83,12 +63,12 @@ async def test_a_full_queue_is_429_with_retry_after() -> None:
     worker.hold = asyncio.Event()
     pool = await fake_pool({"both": [worker]})
     p, admission = pipeline(pool, max_inflight_per_worker=1, max_queued_requests=1)
-    running = asyncio.create_task(text(p, spec("a")))
-    queued = asyncio.create_task(text(p, spec("b")))
+    running = asyncio.create_task(text(p, simple_spec("a")))
+    queued = asyncio.create_task(text(p, simple_spec("b")))
     await until(lambda: admission.queued == 1)
     before = rejected("queue_full")
     with pytest.raises(errors.ApiError) as raised:
-        await text(p, spec("c"))
+        await text(p, simple_spec("c"))
     assert (raised.value.status, raised.value.type, raised.value.code) == (
         429, "rate_limit_error", "rate_limit_exceeded"
     )  # fmt: skip
@@ -103,11 +83,11 @@ async def test_a_wait_past_the_queue_timeout_is_429() -> None:
     worker.hold = asyncio.Event()
     pool = await fake_pool({"both": [worker]})
     p, admission = pipeline(pool, max_inflight_per_worker=1, queue_timeout_s=0.05)
-    running = asyncio.create_task(text(p, spec("a")))
+    running = asyncio.create_task(text(p, simple_spec("a")))
     await until(lambda: worker.generating == 1)
     before = rejected("queue_timeout")
     with pytest.raises(errors.ApiError) as raised:
-        await text(p, spec("b"))
+        await text(p, simple_spec("b"))
     assert raised.value.status == 429 and raised.value.headers["Retry-After"] == "1"
     assert rejected("queue_timeout") == before + 1 and admission.queued == 0
     worker.hold.set()
@@ -120,7 +100,7 @@ async def test_the_default_bound_is_twice_the_workers_max_num_seqs() -> None:
     pool = await fake_pool({"both": [worker]})
     p, admission = pipeline(pool)
     assert admission.limit(pool.endpoints[0]) == 4
-    tasks = [asyncio.create_task(text(p, spec(str(i)))) for i in range(5)]
+    tasks = [asyncio.create_task(text(p, simple_spec(str(i)))) for i in range(5)]
     await until(lambda: worker.generating == 4 and admission.queued == 1)
     worker.hold.set()
     assert await asyncio.gather(*tasks) == [ANSWER] * 5
@@ -131,9 +111,9 @@ async def test_a_waiter_whose_client_left_leaves_the_queue() -> None:
     worker.hold = asyncio.Event()
     pool = await fake_pool({"both": [worker]})
     p, admission = pipeline(pool, max_inflight_per_worker=1)
-    running = asyncio.create_task(text(p, spec("a")))
+    running = asyncio.create_task(text(p, simple_spec("a")))
     await until(lambda: worker.generating == 1)
-    gone = asyncio.create_task(text(p, spec("b")))
+    gone = asyncio.create_task(text(p, simple_spec("b")))
     await until(lambda: admission.queued == 1)
     gone.cancel()  # what the HTTP layer does when the client disconnects
     await until(lambda: admission.queued == 0)
@@ -150,7 +130,7 @@ async def test_no_routable_worker_is_503_at_once() -> None:
         pool.request_failed(pool.endpoints[1], "UNAVAILABLE")
     assert pool.endpoints[1].breaker.state is BreakerState.OPEN
     with pytest.raises(errors.ApiError) as raised:
-        await text(p, spec())
+        await text(p, simple_spec())
     assert (raised.value.status, raised.value.code) == (503, "no_healthy_workers")
 
 
@@ -161,11 +141,11 @@ async def test_a_worker_that_says_it_does_not_serve_is_503_at_once_not_a_wait() 
     p, admission = pipeline(pool)
     pool.endpoints[1].set_serving(False)
     with pytest.raises(errors.ApiError) as raised:
-        await text(p, spec())
+        await text(p, simple_spec())
     assert (raised.value.status, raised.value.code) == (503, "no_healthy_workers")
     assert admission.queued == 0
     pool.endpoints[1].set_serving(True)
-    assert await text(p, spec("again"))
+    assert await text(p, simple_spec("again"))
 
 
 async def test_waiters_get_503_when_the_last_worker_stops_being_routed_to() -> None:
@@ -173,9 +153,9 @@ async def test_waiters_get_503_when_the_last_worker_stops_being_routed_to() -> N
     worker.hold = asyncio.Event()
     pool = await fake_pool({"both": [worker]})
     p, admission = pipeline(pool, max_inflight_per_worker=1)
-    running = asyncio.create_task(text(p, spec("a")))
+    running = asyncio.create_task(text(p, simple_spec("a")))
     await until(lambda: worker.generating == 1)
-    waiting = asyncio.create_task(text(p, spec("b")))
+    waiting = asyncio.create_task(text(p, simple_spec("b")))
     await until(lambda: admission.queued == 1)
     for _ in range(3):
         pool.request_failed(pool.endpoints[0], "engine unavailable")
@@ -203,17 +183,17 @@ async def test_a_half_open_worker_takes_one_probe_request_and_its_success_reopen
     p, admission = pipeline(pool)
     worker.fail = grpc.StatusCode.UNAVAILABLE
     with pytest.raises(errors.ApiError) as raised:
-        await text(p, spec("fails"))
+        await text(p, simple_spec("fails"))
     assert raised.value.status == 503
     with pytest.raises(errors.ApiError) as raised:
-        await text(p, spec("refused"))  # open: not even tried
+        await text(p, simple_spec("refused"))  # open: not even tried
     assert raised.value.code == "no_healthy_workers" and worker.calls["Generate"] == 1
 
     clock.now += 5
     worker.fail, worker.hold = None, asyncio.Event()
-    probe = asyncio.create_task(text(p, spec("probe")))
+    probe = asyncio.create_task(text(p, simple_spec("probe")))
     await until(lambda: worker.generating == 1)
-    behind = asyncio.create_task(text(p, spec("behind")))
+    behind = asyncio.create_task(text(p, simple_spec("behind")))
     await until(lambda: admission.queued == 1)  # one probe at a time, though the bound is 16
     worker.hold.set()
     assert list(await asyncio.gather(probe, behind)) == [ANSWER] * 2
@@ -227,7 +207,7 @@ async def test_client_mistakes_never_open_the_breaker() -> None:
     worker.fail = grpc.StatusCode.INVALID_ARGUMENT
     for _ in range(3):
         with pytest.raises(errors.ApiError) as raised:
-            await text(p, spec())
+            await text(p, simple_spec())
         assert raised.value.status == 400
     assert pool.endpoints[0].breaker.state is BreakerState.CLOSED
 
@@ -236,7 +216,7 @@ async def test_the_prefill_slot_is_taken_after_the_decode_slot_and_both_are_give
     prefill, decode = FakeWorker(), FakeWorker()
     pool = await fake_pool({"prefill": [prefill], "decode": [decode]})
     p, _ = pipeline(pool, max_inflight_per_worker=1)
-    assert [await text(p, spec(str(i))) for i in range(3)] == [ANSWER] * 3
+    assert [await text(p, simple_spec(str(i))) for i in range(3)] == [ANSWER] * 3
     assert prefill.calls["Prefill"] == 3 and decode.calls["Generate"] == 3
     assert [e.admitted for e in pool.endpoints] == [0, 0]
 
@@ -250,7 +230,7 @@ async def test_requests_arriving_together_spread_over_the_decode_workers_under_l
     pool = await fake_pool({"prefill": [prefill], "decode": decodes})
     policy = create_policy("least_load")
     p = Serving(pool, FakeDetokenizer(), policy, policy, admission=Admission(pool))  # type: ignore[arg-type]
-    requests = [asyncio.create_task(text(p, spec(f"r{i}"))) for i in range(4)]
+    requests = [asyncio.create_task(text(p, simple_spec(f"r{i}"))) for i in range(4)]
     await until(lambda: sum(d.generating for d in decodes) == 4)
     assert [d.generating for d in decodes] == [2, 2]
     for decode in decodes:

@@ -4,38 +4,19 @@ leaves the process), and the pool's retirement of endpoints with requests in fli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from cleave.common.v1 import common_pb2
 from libs.config.roles import Role
-from libs.gateway.common.generation import GenerationSpec, SequenceEvent
 from libs.gateway.fleet.admission import Admission
 from libs.gateway.fleet.discovery import WorkerDiscovery, one_family, resolve_host
 from libs.gateway.fleet.pool import WorkerPool
 from libs.gateway.fleet.routing import create_policy
 from libs.gateway.serving.generate import Serving
-from tests.libs.gateway.fake_workers import FakeDetokenizer, FakeWorker, fake_pool
+from tests.libs.gateway.fake_workers import FakeDetokenizer, FakeWorker, fake_pool, simple_spec, text, until
 
 pytestmark = pytest.mark.anyio
-
-
-def spec(request_id: str) -> GenerationSpec:
-    return GenerationSpec(request_id, "m", [1, 2, 3], common_pb2.SamplingParams(max_tokens=8), [])
-
-
-async def text(p: Serving, request: GenerationSpec) -> str:
-    return "".join([e.text async for e in p.generate(request) if isinstance(e, SequenceEvent)])
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Polls a condition the event loop makes true (bounded, so a bug fails instead of hanging)."""
-    for _ in range(5000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never became true")
 
 
 class Dns:
@@ -150,10 +131,10 @@ async def test_a_retired_worker_finishes_its_requests_and_gets_no_new_ones() -> 
     policy = create_policy("round_robin")
     pipeline = Serving(pool, FakeDetokenizer(), policy, policy, admission=admission)  # type: ignore[arg-type]
     # Round robin starts at the first worker: the held request runs on the one retired next.
-    in_flight = asyncio.create_task(text(pipeline, spec("held")))
+    in_flight = asyncio.create_task(text(pipeline, simple_spec("held")))
     await until(lambda: retiring.admitted == 1)
     pool.retire(retiring)
-    assert await text(pipeline, spec("after")) == "<3><4>"
+    assert await text(pipeline, simple_spec("after")) == "<3><4>"
     assert new.calls["Generate"] == 1
     await pool.poll_once()
     assert closed == []  # a request still runs on it

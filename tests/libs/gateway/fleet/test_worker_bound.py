@@ -7,44 +7,25 @@ own flag is lower."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from cleave.common.v1 import common_pb2
-from libs.gateway.common.generation import GenerationSpec, SequenceEvent
 from libs.gateway.fleet.admission import Admission, AdmissionConfig
 from libs.gateway.fleet.pool import WorkerPool
 from libs.gateway.fleet.routing import create_policy
 from libs.gateway.serving.generate import Serving
-from tests.libs.gateway.fake_workers import FakeDetokenizer, FakeWorker, fake_pool
+from tests.libs.gateway.fake_workers import FakeDetokenizer, FakeWorker, fake_pool, simple_spec, text, until
 
 pytestmark = pytest.mark.anyio
 ANSWER = "<3><4>"
-
-
-def spec(request_id: str) -> GenerationSpec:
-    return GenerationSpec(request_id, "m", [1, 2, 3], common_pb2.SamplingParams(max_tokens=8), [])
 
 
 def gateway(pool: WorkerPool, **config: Any) -> tuple[Serving, Admission]:
     admission = Admission(pool, AdmissionConfig(**config))
     policy = create_policy("round_robin")
     return Serving(pool, FakeDetokenizer(), policy, policy, admission=admission), admission  # type: ignore[arg-type]
-
-
-async def text(serving: Serving, request: GenerationSpec) -> str:
-    return "".join([e.text async for e in serving.generate(request) if isinstance(e, SequenceEvent)])
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(5000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition never became true")
 
 
 def retries(stage: str) -> float:
@@ -58,11 +39,11 @@ async def test_two_gateways_never_run_more_than_the_workers_bound_and_lose_nothi
     (first, _), (second, second_admission) = gateway(first_pool), gateway(second_pool)
     assert second_admission.limit(second_pool.endpoints[0]) == 2  # the worker's, not 2 x max_num_seqs
     before = retries("at_capacity")
-    running = [asyncio.create_task(text(first, spec(f"a{i}"))) for i in range(2)]
+    running = [asyncio.create_task(text(first, simple_spec(f"a{i}"))) for i in range(2)]
     await until(lambda: worker.generating == 2)
     # The second gateway has not heard the worker's count: the worker refuses its first
     # request, which waits in its queue for room; the next waits there without being sent.
-    refused = [asyncio.create_task(text(second, spec(f"b{i}"))) for i in range(2)]
+    refused = [asyncio.create_task(text(second, simple_spec(f"b{i}"))) for i in range(2)]
     await until(lambda: second_admission.queued == 2)
     assert worker.refused == 1 and retries("at_capacity") == before + 1
     assert second_pool.endpoints[0].full and not any(task.done() for task in refused)
@@ -81,7 +62,7 @@ async def test_a_gateway_that_heard_the_workers_count_routes_around_it_unrefused
     pool = await fake_pool({"both": [busy, free]})
     serving, admission = gateway(pool)
     assert [e.elsewhere for e in pool.endpoints] == [2, 0]
-    answers = await asyncio.gather(*(text(serving, spec(f"r{i}")) for i in range(4)))
+    answers = await asyncio.gather(*(text(serving, simple_spec(f"r{i}")) for i in range(4)))
     assert answers == [ANSWER] * 4
     assert busy.calls["Generate"] == 0 and busy.refused == 0 and free.calls["Generate"] == 4
     busy.elsewhere = 0
@@ -95,7 +76,7 @@ async def test_a_prefill_worker_at_its_bound_makes_the_request_wait_not_fail() -
     pool = await fake_pool({"prefill": [prefill], "decode": [decode]})
     pool.endpoints[0].elsewhere = 0  # the report raced the other gateway: it looks free here
     serving, admission = gateway(pool)
-    request = asyncio.create_task(text(serving, spec("r")))
+    request = asyncio.create_task(text(serving, simple_spec("r")))
     await until(lambda: admission.queued == 1)
     assert prefill.refused == 1 and prefill.calls["Prefill"] == 1
     prefill.elsewhere = 0
