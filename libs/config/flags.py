@@ -45,6 +45,7 @@ class _FlagSpec:
     name: str | None  # the flag's name when it is not the field's name with dashes
     switch: bool  # a store_true flag: present = True, absent = False
     count: bool  # a repeatable flag (`-v -v`): the value is how often it was given
+    many: bool  # one or more values after the flag (`--lora-modules a=/x b=/y`): a tuple
 
 
 def _text(_flag: str, text: str) -> str:
@@ -78,11 +79,16 @@ def flag(
     codec: Codec[Any] = TEXT,
     name: str | None = None,
     count: bool = False,
+    many: bool = False,
 ) -> Any:
     """Declares a dataclass field as a command-line flag. A bool default makes a switch (one
     that defaults to True also gets a `--no-NAME` form to turn it off); `count=True` a
-    repeatable flag such as `-v` (`name` may then be a short `-x` name)."""
-    spec = _FlagSpec(codec=codec, help=help, name=name, switch=isinstance(default, bool), count=count)
+    repeatable flag such as `-v` (`name` may then be a short `-x` name); `many=True` a flag
+    taking one or more values (argparse's nargs="+", as vLLM's `--lora-modules`), each parsed
+    by `codec`, into a tuple."""
+    spec = _FlagSpec(
+        codec=codec, help=help, name=name, switch=isinstance(default, bool), count=count, many=many
+    )
     if isinstance(default, (list, dict, set)):
         raise TypeError("flag defaults must be immutable")
     return dataclasses.field(default=default, metadata={_FLAG: spec})
@@ -141,11 +147,13 @@ def build_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
             # argparse's count starts from None, not from a sentinel.
             parser.add_argument(name, action="count", dest=_dest(field), default=None, help=help_text)
             continue
+        metavar = name.lstrip("-").upper().replace("-", "_")
+        if spec.many:
+            parser.add_argument(name, nargs="+", default=_UNSET, metavar=metavar, help=help_text)
+            continue
         if field.default is not None:
             help_text = f"{help_text} (default: {spec.codec.format(field.default)})".strip()
-        parser.add_argument(
-            name, default=_UNSET, metavar=name.lstrip("-").upper().replace("-", "_"), help=help_text
-        )
+        parser.add_argument(name, default=_UNSET, metavar=metavar, help=help_text)
     return parser
 
 
@@ -166,7 +174,10 @@ def _build(cls: type[C], namespace: dict[str, Any], prefix: str) -> C:
             if text is _UNSET or text is None:
                 continue
             spec: _FlagSpec = field.metadata[_FLAG]
-            values[field.name] = text if spec.switch or spec.count else spec.codec.parse(name, text)
+            if spec.many:
+                values[field.name] = tuple(spec.codec.parse(name, item) for item in text)
+            else:
+                values[field.name] = text if spec.switch or spec.count else spec.codec.parse(name, text)
         elif _GROUP in field.metadata:
             nested_prefix = "-".join(p for p in (prefix, field.metadata[_GROUP]) if p)
             values[field.name] = _build(_group_type(field), namespace, nested_prefix)
@@ -187,6 +198,8 @@ def render(config: Any) -> list[str]:
             argv.append(name if value else "--no-" + name.removeprefix("--"))
         elif spec.count:
             argv += [name] * value
+        elif spec.many:
+            argv += [name, *(spec.codec.format(item) for item in value)]
         elif value is not None:
             argv += [name, spec.codec.format(value)]
         else:

@@ -32,6 +32,17 @@ def _parse_max_logprobs(flag_name: str, text: str) -> int:
 
 
 MAX_LOGPROBS: Codec[int] = Codec(_parse_max_logprobs, str)
+# vLLM's LoRAConfig.max_lora_rank choices (MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _parse_lora_rank(flag_name: str, text: str) -> int:
+    if text.strip() not in {str(rank) for rank in LORA_RANKS}:
+        raise ConfigError(flag_name, text, "one of " + ", ".join(str(rank) for rank in LORA_RANKS))
+    return int(text)
+
+
+LORA_RANK: Codec[int] = Codec(_parse_lora_rank, str)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +151,16 @@ class EngineFlags:
         None,
         help="vLLM's structured-outputs config as JSON for every engine, e.g. "
         '\'{"backend": "xgrammar", "disable_any_whitespace": true}\' (no whitespace between JSON tokens)',
+    )
+    # vLLM's LoRA flags, given to every worker: a request naming an adapter is served with it
+    # on prefill and decode alike (the gateway's --lora-modules names the adapters).
+    enable_lora: bool = flag(False, help="serve LoRA adapters (vLLM's flag)")
+    max_loras: int = flag(
+        1, codec=POSITIVE_INT, help="adapters one engine step may apply at once (vLLM's flag)"
+    )
+    max_lora_rank: int = flag(16, codec=LORA_RANK, help="the highest adapter rank served (vLLM's flag)")
+    max_cpu_loras: int | None = flag(
+        None, codec=POSITIVE_INT, help="adapters each engine keeps in CPU memory (default: --max-loras)"
     )
     # The mock engine (libs/mockengine): a simulator of vLLM's scheduler without a model, for
     # tests, benchmarks and fleet planning; never for users (its tokens are not a model's).

@@ -16,6 +16,7 @@ from libs.config.flags import FLOAT, PATH, Codec, flag, group, parse
 from libs.config.groups import GrpcSecurityFlags, ServerFlags
 from libs.encoder.limits import ImageLimits
 from libs.gateway.api import request_limits
+from libs.gateway.api.adapters import LoraServingFlags
 from libs.gateway.api.context import ApiOptions
 from libs.gateway.api.http.auth import ApiKeys
 from libs.gateway.api.http.edge import HttpEdge
@@ -46,7 +47,7 @@ _API_KEYS: Codec[ApiKeys] = Codec(
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
+class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags, LoraServingFlags):
     """Cleave gateway: one OpenAI-compatible endpoint over prefill/decode workers."""
 
     port: int = flag(8000, codec=PORT, help="HTTP port of the OpenAI API (0 = any free port)")
@@ -276,6 +277,8 @@ class GatewayConfig(ServerFlags, StackConfig, GrpcSecurityFlags):
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             # vLLM's rule (its message: "--enable-auto-tool-choice requires --tool-call-parser").
             raise ConfigError("--tool-call-parser", None, "a tool parser name with --enable-auto-tool-choice")
+        if self.lora_modules and not self.enable_lora:
+            raise ConfigError("--enable-lora", False, "on when --lora-modules names adapters")
         if self.cache_salt_key_file is not None and not self.cache_salt_per_api_key:
             raise ConfigError("--cache-salt-per-api-key", False, "on when --cache-salt-key-file is given")
         if self.api_server_count > 1 and self.planner:

@@ -193,5 +193,6 @@ async def _context(
         config.api_options(),
         encoder=encoder_stub(addresses.encoders, security),
         decoder=decoder,
+        adapters=config.adapters(),
     )
     return context, fleet.pool

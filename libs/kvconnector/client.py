@@ -40,11 +40,18 @@ class KvStoreClient:
         self._channel = open_blocking_channel(address, security=security)
         self._stub = kvstore_pb2_grpc.KvStoreStub(self._channel)
 
-    def lookup(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> LookupResult:
-        """How much of the prompt the kvstore holds under `cache_salt`, and every chunk's key
-        (salted keys for a salted request: what is loaded and saved under them)."""
+    def lookup(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
+    ) -> LookupResult:
+        """How much of the prompt the kvstore holds under `cache_salt` and `lora`, and every
+        chunk's key (salted keys for a salted or adapter's request: what is loaded and saved
+        under them)."""
         request = kvstore_pb2.LookupRequest(
-            metadata=common_pb2.RequestMetadata(request_id=request_id, cache_salt=cache_salt),
+            metadata=common_pb2.RequestMetadata(request_id=request_id, cache_salt=cache_salt, lora=lora),
             token_ids=token_ids,
             layout=self._layout,
         )

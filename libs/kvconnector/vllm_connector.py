@@ -40,6 +40,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.model_executor.models.utils import extract_layer_index
 
+from cleave.common.v1 import common_pb2
 from libs.config.flags import parse
 from libs.config.groups import GrpcSecurityFlags
 from libs.kvconnector import paged
@@ -184,8 +185,11 @@ class KvStoreConnector(KVConnectorBase_V1):
         now = time.monotonic()
         if now >= self._skip_lookups_until:
             try:
-                # vLLM salts its own prefix cache with request.cache_salt; the kvstore too.
-                lookup = self._kvstore().lookup(request.request_id, tokens, request.cache_salt or "")
+                # vLLM keys its own prefix cache by request.cache_salt and the LoRA adapter's
+                # name and path; the kvstore too.
+                lookup = self._kvstore().lookup(
+                    request.request_id, tokens, request.cache_salt or "", _adapter(request.lora_request)
+                )
             except Exception as error:  # anything: the engine's scheduler must go on
                 self._skip_lookups_until = now + self._settings.retry_after_s
                 self._counters.add(lookup_failures=1)
@@ -362,6 +366,12 @@ class KvStoreConnector(KVConnectorBase_V1):
             self._saver.close()
         if self._client is not None:
             self._client.close()
+
+
+def _adapter(lora_request: Any) -> common_pb2.LoraAdapter | None:
+    if lora_request is None:
+        return None
+    return common_pb2.LoraAdapter(name=lora_request.lora_name, path=lora_request.lora_path)
 
 
 def _describe(error: Exception) -> str:

@@ -154,9 +154,11 @@ class BlockHasher:
         self.extend(result, token_ids, cache_salt=cache_salt, lora=lora)
         return result
 
-    def keys(self, token_ids: Sequence[int], *, cache_salt: str = "") -> list[int]:
+    def keys(
+        self, token_ids: Sequence[int], *, cache_salt: str = "", lora: LoraIdentity | None = None
+    ) -> list[int]:
         """Every full block's `block_key`, first block first: what KV events name them by."""
-        return [block_key(h) for h in self.hashes(token_ids, cache_salt=cache_salt)]
+        return [block_key(h) for h in self.hashes(token_ids, cache_salt=cache_salt, lora=lora)]
 
 
 def event_extra_keys(extra_keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:

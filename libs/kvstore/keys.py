@@ -13,7 +13,10 @@ A request's cache salt (vLLM's `cache_salt`, RequestMetadata.cache_salt) seeds t
 first chunk is hashed on blake3("cleave-cache-salt", salt) instead of LMCache's NONE_HASH, so
 salted chunks have other keys than the same tokens unsalted or under another salt, and
 every later chunk inherits that. As in vLLM's prefix cache, a prefix is shared only among
-requests that carry the same salt.
+requests that carry the same salt. A request served with a LoRA adapter (RequestMetadata.lora)
+seeds the chain from the salt, the adapter's name and its path together (vLLM folds name and
+path into its block hashes alike): KV computed under one adapter is never found for another
+adapter or for the base model.
 
 Every key also carries a layout fingerprint (model identity + KV shape and dtype + chunk
 size), so KV of another model or layout never shares a key.
@@ -28,6 +31,7 @@ import torch
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.multiprocess.token_hasher import TokenHasher
 
+from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
 from libs.kvstore.identity import InvalidKey, check_key
 
@@ -40,10 +44,15 @@ BLOB_DTYPE = torch.uint8
 
 MAX_TOKEN_ID = 2**32 - 1  # the chain packs token ids as uint32
 _SALT_DOMAIN = b"cleave-cache-salt\0"
+_LORA_DOMAIN = b"cleave-lora\0"
 
 
-def salt_root(cache_salt: str) -> bytes | None:
-    """The chain's starting digest for a salt; None (LMCache's default) without one."""
+def salt_root(cache_salt: str, lora: common_pb2.LoraAdapter | None = None) -> bytes | None:
+    """The chain's starting digest for a salt and adapter; None (LMCache's default) for
+    neither. Each part is length-prefixed, so no salt can spell another salt and adapter."""
+    if lora is not None:
+        parts = (cache_salt.encode(), lora.name.encode(), lora.path.encode())
+        return blake3.blake3(_LORA_DOMAIN + b"".join(len(p).to_bytes(4, "big") + p for p in parts)).digest()
     if not cache_salt:
         return None
     return blake3.blake3(_SALT_DOMAIN + cache_salt.encode()).digest()
@@ -57,12 +66,16 @@ class ChunkKeyer:
         self._hasher = TokenHasher(chunk_size=chunk_tokens, hash_algorithm=HASH_ALGORITHM)
 
     def keys(
-        self, token_ids: Sequence[int], fingerprint: str, cache_salt: str = ""
+        self,
+        token_ids: Sequence[int],
+        fingerprint: str,
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> list[kvstore_pb2.ChunkKey]:
         tokens = list(token_ids)
         if any(not 0 <= token <= MAX_TOKEN_ID for token in tokens):
             raise InvalidKey("token ids must be in 0..2^32-1")
-        root = salt_root(cache_salt)
+        root = salt_root(cache_salt, lora)
         digests: list[bytes] = self._hasher.compute_chunk_hashes(tokens, prefix_hash=root)
         tail_start = len(digests) * self.chunk_tokens
         if tail_start < len(tokens):

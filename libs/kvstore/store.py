@@ -109,9 +109,13 @@ class KvStore:
         return layout_fingerprint(layout, self.config.chunk_tokens)
 
     def chunk_keys(
-        self, token_ids: Sequence[int], layout: common_pb2.KvLayout, cache_salt: str = ""
+        self,
+        token_ids: Sequence[int],
+        layout: common_pb2.KvLayout,
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> list[kvstore_pb2.ChunkKey]:
-        return self._keyer.keys(token_ids, self.fingerprint(layout), cache_salt)
+        return self._keyer.keys(token_ids, self.fingerprint(layout), cache_salt, lora)
 
     # --- put ----------------------------------------------------------------------------
 
@@ -178,10 +182,15 @@ class KvStore:
     # --- lookup -------------------------------------------------------------------------
 
     def lookup(
-        self, token_ids: Sequence[int], layout: common_pb2.KvLayout, cache_salt: str = ""
+        self,
+        token_ids: Sequence[int],
+        layout: common_pb2.KvLayout,
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> LookupResult:
-        """How many leading tokens are stored under `cache_salt`, and where. Raises InvalidKey."""
-        keys = self.chunk_keys(token_ids, layout, cache_salt)
+        """How many leading tokens are stored under `cache_salt` and `lora`, and where. Raises
+        InvalidKey."""
+        keys = self.chunk_keys(token_ids, layout, cache_salt, lora)
         remote = self._tiers.remote
         remote_ok = remote is not None and remote.usable()
         located: list[tuple[kvstore_pb2.ChunkKey, Tier]] = []

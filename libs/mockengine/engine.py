@@ -21,9 +21,9 @@ from libs.kvlayout.layout import KvFacts
 from libs.mockengine.client import CoreDied, EngineCoreClient
 from libs.mockengine.config import CoreConfig, resolve
 from libs.mockengine.options import MockEngineOptions
-from libs.mockengine.protocol import AddRequest, CoreStats, EngineCoreOutputs
+from libs.mockengine.protocol import AddRequest, CoreStats, EngineCoreOutputs, LoraSpec
 from libs.mockengine.requests import sampling_spec, step_from_outputs
-from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLimits
+from libs.worker.engine import Adapter, EngineInfo, EngineStats, EngineStep, SchedulerLimits
 from libs.worker.errors import EngineUnavailable, InvalidRequest, KvTransferFailed
 from libs.worker.kv_cache_feed import KvCacheFeed
 
@@ -55,6 +55,7 @@ class MockEngine:
         )
         self._config = config
         self._info = info
+        self._lora_ids: dict[Adapter, int] = {}
         self._streams: dict[str, _Stream] = {}
         self._handler = asyncio.create_task(self._handle_outputs())
 
@@ -105,6 +106,14 @@ class MockEngine:
     def core_pid(self) -> int:
         return self._client.pid
 
+    def _lora_spec(self, lora: Adapter | None) -> LoraSpec | None:
+        """The adapter with this engine's id for it, given on first use, as vLLM's worker does
+        (the simulator hashes blocks by name and path, and publishes the id in its events)."""
+        if lora is None:
+            return None
+        int_id = self._lora_ids.setdefault(lora, len(self._lora_ids) + 1)
+        return LoraSpec(lora.name, lora.path, int_id)
+
     async def generate(
         self,
         request_id: str,
@@ -116,6 +125,7 @@ class MockEngine:
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
         sequences: Sequence[tuple[int, Sequence[int]]] = (),
+        lora: Adapter | None = None,
     ) -> AsyncIterator[EngineStep]:
         if image_embeddings or images:
             raise InvalidRequest("the mock engine does not simulate images; send text-only prompts")
@@ -137,6 +147,7 @@ class MockEngine:
                     prompt_token_ids=list(prompt_token_ids),
                     sampling=spec,
                     cache_salt=cache_salt,
+                    lora=self._lora_spec(lora),
                     kv_transfer_params=kv_transfer_params,
                 )
             )

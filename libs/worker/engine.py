@@ -15,6 +15,15 @@ from libs.worker.kv_cache_feed import KvCacheFeed
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter a request is served with: the name clients use and its folder on this
+    worker's file system (RequestMetadata.lora)."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
 class TopLogprob:
     token_id: int
     logprob: float
@@ -126,8 +135,10 @@ class Engine(Protocol):
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
         sequences: Sequence[tuple[int, Sequence[int]]] = (),
+        lora: Adapter | None = None,
     ) -> AsyncIterator[EngineStep]:
-        """`cache_salt` (non-empty) separates this prompt's prefix-cache entries from those of
+        """`lora`: the adapter applied to the model (None: the base model); the prefix cache
+        keeps each adapter's KV apart. `cache_salt` (non-empty) separates this prompt's prefix-cache entries from those of
         requests without the same salt (vLLM's cache_salt). `image_embeddings`: one
         [num_image_tokens, hidden_size] tensor per image placeholder of the prompt, in order
         (the encoder service's output). `images`: instead, one decoded PIL image per

@@ -61,6 +61,12 @@ def engine_kwargs(config: WorkerConfig) -> dict[str, Any]:
     }
     if config.enable_mm_embeds:
         kwargs["enable_mm_embeds"] = True
+    if config.enable_lora:
+        # Adapters come with each request (RequestMetadata.lora: name and path); vLLM loads
+        # one on first use and keeps up to max_cpu_loras of them.
+        kwargs.update(enable_lora=True, max_loras=config.max_loras, max_lora_rank=config.max_lora_rank)
+        if config.max_cpu_loras is not None:
+            kwargs["max_cpu_loras"] = config.max_cpu_loras
     if config.structured_outputs_config:
         kwargs["structured_outputs_config"] = structured_outputs_config(config.structured_outputs_config)
     if config.dtype != "auto":

@@ -21,7 +21,7 @@ from libs.worker import metrics
 from libs.worker.capacity import InflightRequests, default_limit
 from libs.worker.config import WorkerConfig
 from libs.worker.drain import DrainState, drain_worker
-from libs.worker.engine import Engine, EngineStep, TokenLogprob
+from libs.worker.engine import Adapter, Engine, EngineStep, TokenLogprob
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import (
     PREFILL_PARAMS,
@@ -40,6 +40,7 @@ from libs.worker.peers import DnsPeers
 from libs.worker.reports import kv_cache_events, worker_info, worker_stats
 from libs.worker.sampling import sampling_kwargs
 from libs.worker.validation import (
+    adapter_of,
     resolve_max_tokens,
     sequence_prefixes,
     validate_prompt,
@@ -104,6 +105,7 @@ class WorkerService:
             cache_salt=request.metadata.cache_salt,
             image_embeddings=embeddings,
             images=images,
+            lora=adapter_of(request.metadata),
         )
         metrics.PREFILL_SECONDS.observe(time.perf_counter() - started)
         first = last.sequences[0]
@@ -178,6 +180,7 @@ class WorkerService:
             cache_salt=request.metadata.cache_salt,
             image_embeddings=embeddings,
             images=images,
+            lora=adapter_of(request.metadata),
             handoff=request.handoff if kv_params is not None else None,
             **({"sequences": prefixes} if prefixes else {}),
         ):
@@ -317,6 +320,10 @@ class WorkerService:
             raise InvalidRequest(
                 f"model {metadata.model!r} is not served here; this worker serves {self._config.served_model_name!r}"
             )
+        if metadata.HasField("lora") and not self._config.enable_lora:
+            raise InvalidRequest(
+                f"LoRA adapter {metadata.lora.name!r} asked for, but this worker serves no adapters (--enable-lora)"
+            )
         validate_prompt(prompt, vocab_size=info.vocab_size, max_model_len=info.max_model_len)
         validate_token_fields(sampling, vocab_size=info.vocab_size)
 
@@ -330,6 +337,7 @@ class WorkerService:
         cache_salt: str = "",
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        lora: Adapter | None = None,
         handoff: worker_pb2.KvHandoff | None = None,
         **more: Any,
     ) -> AsyncIterator[EngineStep]:
@@ -348,9 +356,10 @@ class WorkerService:
                 sampling,
                 kv_params,
                 cache_salt=cache_salt,
+                lora=lora,
                 **({"image_embeddings": image_embeddings} if image_embeddings else {}),
                 **({"images": images} if images else {}),
-                **more,  # sequences: a moved request's open sequences
+                **more,  # sequences: a moved request's open sequences  # sequences: a moved request's open sequences
             ):
                 self._drain.check_running(request_id)
                 if handoff is not None:
@@ -380,6 +389,7 @@ class WorkerService:
         cache_salt: str,
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
+        lora: Adapter | None = None,
     ) -> EngineStep:
         last: EngineStep | None = None
         prompt_token_ids: tuple[int, ...] | None = None
@@ -391,6 +401,7 @@ class WorkerService:
             cache_salt=cache_salt,
             image_embeddings=image_embeddings,
             images=images,
+            lora=lora,
         ):
             last = step
             prompt_token_ids = step.prompt_token_ids or prompt_token_ids

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cleave.common.v1 import common_pb2
+from libs.worker.engine import Adapter
 from libs.worker.errors import InvalidRequest
 
 
@@ -86,3 +87,12 @@ def sequence_prefixes(
                 f"sequence {index} already has {len(tokens)} tokens of max_tokens={max_tokens}: none is left"
             )
     return prefixes
+
+
+def adapter_of(metadata: common_pb2.RequestMetadata) -> Adapter | None:
+    """The LoRA adapter a request names (None: the base model); both its fields are required."""
+    if not metadata.HasField("lora"):
+        return None
+    if not metadata.lora.name or not metadata.lora.path:
+        raise InvalidRequest("a LoRA adapter needs both a name and a path")
+    return Adapter(metadata.lora.name, metadata.lora.path)

@@ -16,6 +16,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
 from vllm.logger import configure_logging_if_needed
+from vllm.lora.request import LoRARequest
 from vllm.renderers import renderer_from_config
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.transformers_utils.config import maybe_register_config_serialize_by_value
@@ -31,12 +32,13 @@ from vllm.v1.metrics.prometheus import shutdown_prometheus
 
 from libs.kvconnector.vllm_connector import register as register_kvstore_connector
 from libs.kvlayout.from_vllm import engine_kv_facts
-from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SchedulerLimits, SequenceDelta
+from libs.worker.engine import Adapter, EngineInfo, EngineStats, EngineStep, SchedulerLimits, SequenceDelta
 from libs.worker.errors import EngineUnavailable, InvalidRequest
 from libs.worker.kv_cache_feed import KvCacheFeed
 from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
 from libs.worker.vllm_grammar_prefix import GRAMMAR_PREFIX, scheduler_for
 from libs.worker.vllm_kv_events import EventReader, block_hasher, events_config, private_endpoint
+from libs.worker.vllm_lora import LoraAdapters
 from libs.worker.vllm_moved_penalties import PROCESSOR as MOVED_PENALTIES_PROCESSOR
 from libs.worker.vllm_moved_penalties import moved_penalties
 from libs.worker.vllm_outputs import OutputRouter, RequestStream
@@ -69,6 +71,7 @@ class VllmEngine:
         # Each running request's stream and vLLM request ids, by the worker's request id.
         self._running: dict[str, tuple[RequestStream, list[str]]] = {}
         self._model_config = parts.vllm_config.model_config
+        self._adapters = LoraAdapters(lambda request: self._client.add_lora_async(request))
         self._kv_events = kv_events
         self.kv_cache_feed: KvCacheFeed | None = kv_events.feed if kv_events is not None else None
 
@@ -110,10 +113,12 @@ class VllmEngine:
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
         sequences: Sequence[tuple[int, Sequence[int]]] = (),
+        lora: Adapter | None = None,
     ) -> AsyncIterator[EngineStep]:
         if self.dead:
             raise EngineUnavailable("the engine died; this worker cannot serve until restarted")
         params = _sampling_params(sampling, kv_transfer_params)
+        lora_request = await self._adapters.request_for(lora)
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
         if cache_salt:
             prompt["cache_salt"] = cache_salt  # vLLM folds it into the first block's hash
@@ -125,9 +130,9 @@ class VllmEngine:
             # PIL images: vLLM's own processor and vision tower (its in-engine path).
             prompt["multi_modal_data"] = {"image": list(images)}
         if sequences:
-            requests, parent = await self._moved(request_id, prompt, params, sequences)
+            requests, parent = await self._moved(request_id, prompt, params, sequences, lora_request)
         else:
-            requests, parent = await self._requests(request_id, prompt, params)
+            requests, parent = await self._requests(request_id, prompt, params, lora_request)
         first = requests[0][1]
         stream = RequestStream(
             prompt_len=len(prompt_token_ids) if sequences else len(first.prompt_token_ids or ()),
@@ -157,11 +162,11 @@ class VllmEngine:
                 await self._client.abort_requests_async(running)
 
     async def _requests(
-        self, request_id: str, prompt: TokensPrompt, params: SamplingParams
+        self, request_id: str, prompt: TokensPrompt, params: SamplingParams, lora: LoRARequest | None
     ) -> tuple[list[tuple[int, Any]], ParentRequest | None]:
         """vLLM's input processing, then its fan-out of n > 1 into one request per sequence
         (as AsyncLLM.add_request does: ParentRequest names them and sets their seeds)."""
-        request = await self._process(request_id, prompt, params)
+        request = await self._process(request_id, prompt, params, lora)
         n = request.sampling_params.n
         if n == 1:
             return [(0, request)], None
@@ -181,6 +186,7 @@ class VllmEngine:
         prompt: TokensPrompt,
         params: SamplingParams,
         sequences: Sequence[tuple[int, Sequence[int]]],
+        lora: LoRARequest | None,
     ) -> tuple[list[tuple[int, Any]], None]:
         """A moved n > 1 request's open sequences: each its own vLLM request, its prompt the
         request's plus the tokens it had generated, its budget less those, and the seed vLLM
@@ -202,15 +208,18 @@ class VllmEngine:
                 # Penalties count what the sequence generated as output (vllm_moved_penalties).
                 moved_penalties(child_params, len(tokens))
             child_prompt = TokensPrompt(prompt, prompt_token_ids=[*prompt["prompt_token_ids"], *tokens])
-            requests.append((index, await self._process(f"{index}_{request_id}", child_prompt, child_params)))
+            child_id = f"{index}_{request_id}"
+            requests.append((index, await self._process(child_id, child_prompt, child_params, lora)))
         return requests, None
 
-    async def _process(self, request_id: str, prompt: TokensPrompt, params: SamplingParams) -> Any:
+    async def _process(
+        self, request_id: str, prompt: TokensPrompt, params: SamplingParams, lora: LoRARequest | None
+    ) -> Any:
         if self._supported_tasks is None:
             self._supported_tasks = await self._client.get_supported_tasks_async()
         try:
             request = await self._inputs.process_inputs_async(
-                request_id, prompt, params, supported_tasks=self._supported_tasks
+                request_id, prompt, params, supported_tasks=self._supported_tasks, lora_request=lora
             )
         except (ValueError, TypeError, VLLMClientError) as error:  # the client's mistake
             raise InvalidRequest(str(error)) from error

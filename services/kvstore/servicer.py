@@ -100,8 +100,10 @@ class KvStoreServicer(kvstore_pb2_grpc.KvStoreServicer):
         _bind(request.metadata)
         if not request.HasField("layout"):
             raise InvalidRequest("layout is required: keys depend on it")
+        metadata = request.metadata
+        lora = metadata.lora if metadata.HasField("lora") else None
         result = await asyncio.to_thread(
-            self._store.lookup, request.token_ids, request.layout, request.metadata.cache_salt
+            self._store.lookup, request.token_ids, request.layout, metadata.cache_salt, lora
         )
         return kvstore_pb2.LookupResponse(
             matched_tokens=result.matched_tokens,

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 
 from libs.gateway.api import health as health_api
 from libs.gateway.api import metrics_export, request_ids, tokenize_api
+from libs.gateway.api.adapters import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from libs.gateway.api.cancellation import ClientDisconnected
 from libs.gateway.api.completions import Completions, invocation_body
 from libs.gateway.api.context import ApiContext
@@ -26,7 +27,7 @@ from libs.gateway.api.openai_api import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from libs.gateway.api.requests import check_model, validation_error
+from libs.gateway.api.requests import validation_error
 from libs.gateway.common import errors
 from libs.gateway.fleet.worker_metrics import WorkerStatsCollector
 
@@ -63,12 +64,12 @@ def create_app(context: ApiContext, edge: HttpEdge | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return health_api.models(context.model)
+        return health_api.models(context.model, context.adapters.cards(context.model.model))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         facts = context.model
-        check_model(body.model, facts.model)
+        context.adapters.resolve(body.model, facts.model)  # an adapter tokenizes as its model
         edge.limits.check_tokenize(body, facts.max_model_len)
         return await tokenize_api.tokenize(
             context.tokenizer, body, model=facts.model, max_model_len=facts.max_model_len
@@ -76,7 +77,7 @@ def create_app(context: ApiContext, edge: HttpEdge | None = None) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        check_model(body.model, context.model.model)
+        context.adapters.resolve(body.model, context.model.model)
         return await tokenize_api.detokenize(context.tokenizer, body)
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -108,6 +109,16 @@ def create_app(context: ApiContext, edge: HttpEdge | None = None) -> FastAPI:
             "Cannot find suitable handler for request. Expected one of: "
             "['ChatCompletionRequest', 'CompletionRequest']"
         )
+
+    if context.adapters.runtime_updates:  # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING
+
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(body: LoadLoraAdapterRequest) -> Response:
+            return Response(context.adapters.load(body, context.model.model))
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(body: UnloadLoraAdapterRequest) -> Response:
+            return Response(context.adapters.unload(body))
 
     @app.get("/ping")
     async def ping(request: Request) -> JSONResponse:

@@ -23,7 +23,6 @@ from libs.gateway.api.openai_api import ChatCompletionRequest, CompletionRequest
 from libs.gateway.api.requests import (
     chat_prompt,
     chat_render,
-    check_model,
     check_supported,
     completion_prompts,
     tokenizer_call,
@@ -46,7 +45,7 @@ class Completions:
         self._texts = responses.TokenizerTexts(context.tokenizer, context.decoder)
 
     def _check(self, body: ChatCompletionRequest | CompletionRequest) -> None:
-        check_model(body.model, self._context.model.model)
+        self._context.adapters.resolve(body.model, self._context.model.model)  # or vLLM's 404
         check_supported(body)
         self._edge.limits.check(body, self._context.model.max_model_len)
         self._context.check_logprobs(body)
@@ -105,7 +104,7 @@ class Completions:
         return await responses.chat_completion(
             spec,
             generation,
-            model=context.model.model,
+            model=spec.served_as,
             response_id=body.request_id,
             top_logprobs=top_logprobs,
             token_text=_token_text(context, body, self._texts),
@@ -162,7 +161,7 @@ class Completions:
             await responses.text_completion(
                 specs,
                 generations,
-                model=self._context.model.model,
+                model=specs[0].served_as,
                 logprobs=body.logprobs,
                 echo=body.echo,
                 texts=self._texts,
@@ -197,6 +196,7 @@ class Completions:
             default_max_tokens=facts.default_max_tokens,
             prompt_tokens_details=self._context.options.prompt_tokens_details,
             request_id=request_id,
+            lora=self._context.adapters.resolve(body.model, facts.model),
         )
 
     async def _generator(self, body: ChatCompletionRequest | CompletionRequest) -> responses.Generate:
@@ -260,7 +260,7 @@ class Completions:
         generate = await started(generate or context.serving.generate, spec)
         fmt = StreamFormat(
             chat=chat,
-            model=context.model.model,
+            model=spec.served_as,
             response_id=body.request_id if body is not None else spec.request_id,
             options=_stream_options(options, force_usage=context.options.force_include_usage),
             top_logprobs=top,

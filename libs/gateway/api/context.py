@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from libs.encoder.limits import ImageLimits
+from libs.gateway.api.adapters import Adapters
 from libs.gateway.api.logprob_limits import apply_max_logprobs, engine_max_logprobs
 from libs.gateway.api.openai_api import INT32_MAX, ChatCompletionRequest, CompletionRequest
 from libs.gateway.common.generation import Event, GenerationSpec
@@ -64,6 +65,8 @@ class ApiContext:
     encoder: Any = None  # an EncoderStub (or images.py's round robin of them)
     # The tokenizer's decoder when it handed it out: logprobs' token texts decoded here.
     decoder: Decoder | None = None
+    # The LoRA adapters clients may name as `model` (--lora-modules, /v1/load_lora_adapter).
+    adapters: Adapters = field(default_factory=Adapters)
 
     @property
     def model(self) -> ModelFacts:

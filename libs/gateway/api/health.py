@@ -14,7 +14,8 @@ from libs.gateway.fleet.facts import ModelFacts
 from libs.gateway.fleet.pool import Endpoint
 
 
-def models(facts: ModelFacts) -> dict[str, Any]:
+def models(facts: ModelFacts, adapters: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The model, then its LoRA adapters (libs/gateway/api/adapters.py), as vLLM lists them."""
     return {
         "object": "list",
         "data": [
@@ -24,7 +25,8 @@ def models(facts: ModelFacts) -> dict[str, Any]:
                 "created": 0,
                 "owned_by": "cleave",
                 "max_model_len": facts.max_model_len,
-            }
+            },
+            *adapters,
         ],
     }
 

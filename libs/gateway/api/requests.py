@@ -130,11 +130,6 @@ async def completion_prompts(
     return ids
 
 
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise errors.model_not_found(requested, served)
-
-
 async def tokenizer_call(call: Awaitable[T]) -> T:
     """Awaits a tokenizer RPC; its failures become the API's errors (bad input: 400, else 503)."""
     try:

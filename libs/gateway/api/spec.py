@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from cleave.common.v1 import common_pb2
 from libs.gateway.api.extensions import truncated
 from libs.gateway.api.openai_api import _SamplingFields
 from libs.gateway.api.requests import sampling_params
@@ -23,6 +24,7 @@ def generation_spec(
     default_max_tokens: int | None = None,
     prompt_tokens_details: bool = False,
     request_id: str | None = None,
+    lora: common_pb2.LoraAdapter | None = None,
 ) -> GenerationSpec:
     """Refuses prompts that are empty or, with the completion, longer than the context.
 
@@ -56,4 +58,5 @@ def generation_spec(
         cache_salt=body.cache_salt or "",
         prompt_tokens_details=prompt_tokens_details,
         include_stop_str_in_output=body.include_stop_str_in_output,
+        lora=lora,
     )

@@ -28,6 +28,14 @@ class GenerationSpec:
     # Without an encoder: the image files themselves, one per placeholder, for a worker whose
     # engine encodes them (a vision-language model in mode pd or XpYd).
     images: tuple[bytes, ...] = ()
+    # The LoRA adapter the client named as `model` (None: the base model): applied by every
+    # worker the request reaches, and part of every cache key of its KV.
+    lora: common_pb2.LoraAdapter | None = None
+
+    @property
+    def served_as(self) -> str:
+        """The `model` responses name: the adapter's, as vLLM's server answers, else the model's."""
+        return self.lora.name if self.lora is not None else self.model
 
     @property
     def has_images(self) -> bool:
@@ -36,7 +44,7 @@ class GenerationSpec:
     def metadata(self) -> common_pb2.RequestMetadata:
         """What every worker call of this request carries."""
         return common_pb2.RequestMetadata(
-            request_id=self.request_id, model=self.model, cache_salt=self.cache_salt
+            request_id=self.request_id, model=self.model, cache_salt=self.cache_salt, lora=self.lora
         )
 
 

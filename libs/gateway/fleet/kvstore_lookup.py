@@ -33,10 +33,16 @@ class KvStoreLookup:
         self._layout = layout
         self._timeout_s = timeout_s
 
-    async def matched_tokens(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> int:
-        """Leading tokens the kvstore holds for this prompt under `cache_salt`."""
+    async def matched_tokens(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
+    ) -> int:
+        """Leading tokens the kvstore holds for this prompt under `cache_salt` and `lora`."""
         request = kvstore_pb2.LookupRequest(
-            metadata=common_pb2.RequestMetadata(request_id=request_id, cache_salt=cache_salt),
+            metadata=common_pb2.RequestMetadata(request_id=request_id, cache_salt=cache_salt, lora=lora),
             token_ids=token_ids,
             layout=self._layout,
         )

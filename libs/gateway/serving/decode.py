@@ -163,7 +163,7 @@ class Decode:
         prompt = list(plan.request.prompt_token_ids)
         endpoint = await self._admission.move(
             slot,
-            lambda candidates: self._policy.pick(candidates, prompt, spec.cache_salt),
+            lambda candidates: self._policy.pick(candidates, prompt, spec.cache_salt, spec.lora),
             role=plan.role,
             exclude=migration.failed,
             deadline=spec.deadline,
@@ -196,7 +196,7 @@ class Decode:
         prompt = list(spec.prompt_token_ids)
         return await self._admission.move(
             slot,
-            lambda candidates: self._policy.pick(candidates, prompt, spec.cache_salt),
+            lambda candidates: self._policy.pick(candidates, prompt, spec.cache_salt, spec.lora),
             exclude=frozenset(progress.refused_by) | migration.failed,
             deadline=spec.deadline,
         )

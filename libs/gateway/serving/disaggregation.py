@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from cleave.common.v1 import common_pb2
 from libs.gateway.common import metrics
 from libs.gateway.fleet.pool import Endpoint
 from libs.gateway.fleet.routing import PrefixCacheEstimate, RoutingPolicy
@@ -136,11 +137,15 @@ class PrefixEstimate:
         self.by_address: dict[str, int] = {}
 
     def observe(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> None:
         if self._policy is None:
             return
-        self.by_address.update(self._policy.cached_tokens(candidates, prompt_token_ids, cache_salt))
+        self.by_address.update(self._policy.cached_tokens(candidates, prompt_token_ids, cache_salt, lora))
 
     def cached_tokens(self, address: str) -> int:
         return self.by_address.get(address, 0)

@@ -23,6 +23,7 @@ import grpc
 import grpc.aio
 import structlog
 
+from cleave.common.v1 import common_pb2
 from cleave.tokenizer.v1 import tokenizer_pb2_grpc
 from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
@@ -52,7 +53,11 @@ class PrefixLookup(Protocol):
     """How many leading tokens of a prompt the kvstore holds (0 when unknown)."""
 
     async def matched_tokens(
-        self, request_id: str, token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> int: ...
 
 
@@ -177,7 +182,7 @@ class Serving:
         try:
             async with asyncio.timeout(spec.deadline.timeout()):
                 return await self._prefix_lookup.matched_tokens(
-                    spec.request_id, spec.prompt_token_ids, spec.cache_salt
+                    spec.request_id, spec.prompt_token_ids, spec.cache_salt, spec.lora
                 )
         except TimeoutError:
             raise spec.deadline.exceeded() from None

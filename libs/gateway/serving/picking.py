@@ -18,7 +18,7 @@ def picker(
 
     def pick(candidates: Sequence[Endpoint]) -> Endpoint:
         if estimate is not None:
-            estimate.observe(candidates, spec.prompt_token_ids, spec.cache_salt)
-        return policy.pick(candidates, spec.prompt_token_ids, spec.cache_salt)
+            estimate.observe(candidates, spec.prompt_token_ids, spec.cache_salt, spec.lora)
+        return policy.pick(candidates, spec.prompt_token_ids, spec.cache_salt, spec.lora)
 
     return pick

@@ -128,3 +128,19 @@ def test_grpc_security_flags_default_to_plaintext_without_reflection_and_reach_e
     argv = render(worker)
     assert len(argv) == len(["--role", "decode", *render(flags)]) and parse(WorkerConfig, argv) == worker
     assert compose(GrpcSecurityFlags, (worker, GrpcSecurityFlags)) == flags
+
+
+@dataclass(frozen=True, kw_only=True)
+class Many:
+    sizes: tuple[int, ...] = flag((), codec=POSITIVE_INT, many=True)
+    after: int = flag(1, codec=POSITIVE_INT)
+
+
+def test_a_many_valued_flag_takes_every_value_after_it_and_round_trips() -> None:
+    config = parse(Many, ["--sizes", "3", "4", "5", "--after", "2"])
+    assert config == Many(sizes=(3, 4, 5), after=2)
+    assert render(config) == ["--sizes", "3", "4", "5", "--after", "2"]
+    assert parse(Many, render(config)) == config
+    assert parse(Many, []) == Many() and render(Many()) == []
+    with pytest.raises(ConfigError, match="--sizes"):
+        parse(Many, ["--sizes", "3", "zero"])

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from libs.config.errors import ConfigError
-from libs.config.flags import render
+from libs.config.flags import parse, render
+from libs.gateway.api.adapters import LoraModule
 from libs.gateway.config import GatewayConfig, parse_args
 from libs.gateway.fleet.admission import AdmissionConfig
 from libs.gateway.fleet.breaker import BreakerConfig
@@ -321,3 +322,25 @@ def test_api_server_count_passes_each_process_the_stacks_services_and_the_socket
         parse_args(["--api-server-count", "2", "--planner"])
     with pytest.raises(ConfigError, match="--api-server-count"):
         parse_args(["--api-server-count", "0"])
+
+
+def test_lora_modules_take_vllms_two_spellings_several_after_one_flag() -> None:
+    config = parse(
+        GatewayConfig,
+        [
+            "--enable-lora",
+            "--lora-modules",
+            "sql=/adapters/sql",
+            '{"name": "chat", "path": "/adapters/chat", "base_model_name": "smol"}',
+        ],
+    )
+    assert config.lora_modules == (
+        LoraModule("sql", "/adapters/sql"),
+        LoraModule("chat", "/adapters/chat", "smol"),
+    )
+    assert parse(GatewayConfig, render(config)) == config  # what --api-server-count children get
+
+
+def test_lora_modules_without_enable_lora_are_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match="--enable-lora"):
+        parse(GatewayConfig, ["--lora-modules", "sql=/adapters/sql"])

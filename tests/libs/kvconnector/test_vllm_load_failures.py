@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from vllm.lora.request import LoRARequest
 
+from cleave.common.v1 import common_pb2
 from cleave.kvstore.v1 import kvstore_pb2
 from libs.kvconnector import paged
 from libs.kvconnector.client import KvStoreUnavailable
@@ -37,16 +39,24 @@ class FakeClient:
         self.chunks = list(chunks)
         self.error = error
         self.salts: list[str] = []
+        self.adapters: list[tuple[str, str] | None] = []
 
     def get(self, request_id: str, keys: Sequence[kvstore_pb2.ChunkKey]) -> Iterator[kvstore_pb2.KvChunk]:
         yield from self.chunks
         if self.error is not None:
             raise self.error
 
-    def lookup(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> LookupResult:
+    def lookup(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
+    ) -> LookupResult:
         if self.error is not None:
             raise self.error
         self.salts.append(cache_salt)
+        self.adapters.append((lora.name, lora.path) if lora is not None else None)
         return LookupResult(matched_tokens=0, keys=())
 
 
@@ -99,9 +109,9 @@ def test_a_chunk_whose_tensor_does_not_fit_the_cache_fails_its_blocks() -> None:
     assert conn.get_block_ids_with_load_errors() == {0, 1, 2, 3}
 
 
-def request(cache_salt: str | None = None) -> Any:
+def request(cache_salt: str | None = None, lora_request: LoRARequest | None = None) -> Any:
     fields = {"request_id": "r", "prompt_token_ids": list(range(12)), "kv_transfer_params": None}
-    return type("Request", (), {**fields, "cache_salt": cache_salt})()
+    return type("Request", (), {**fields, "cache_salt": cache_salt, "lora_request": lora_request})()
 
 
 def test_a_lookup_that_raises_anything_is_no_hit_and_pauses_lookups() -> None:
@@ -117,6 +127,14 @@ def test_the_requests_cache_salt_reaches_the_kvstore_lookup() -> None:
     connector(client).get_num_new_matched_tokens(request("tenant-a"), 0)
     connector(client).get_num_new_matched_tokens(request(None), 0)
     assert client.salts == ["tenant-a", ""]
+
+
+def test_the_requests_lora_adapter_reaches_the_kvstore_lookup() -> None:
+    client = FakeClient([])
+    adapter = LoRARequest(lora_name="sql", lora_int_id=3, lora_path="/adapters/sql")
+    connector(client).get_num_new_matched_tokens(request(lora_request=adapter), 0)
+    connector(client).get_num_new_matched_tokens(request(), 0)
+    assert client.adapters == [("sql", "/adapters/sql"), None]
 
 
 def test_a_save_whose_copy_fails_is_counted_and_the_step_goes_on() -> None:

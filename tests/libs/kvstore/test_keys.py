@@ -13,7 +13,7 @@ import pytest
 
 from cleave.common.v1 import common_pb2
 from libs.kvstore.identity import InvalidKey, check_key, layout_fingerprint
-from libs.kvstore.keys import ChunkKeyer, engine_key
+from libs.kvstore.keys import ChunkKeyer, engine_key, salt_root
 from tests.libs.kvstore.helpers import CHUNK_TOKENS, LAYOUT, prompt, with_layout
 
 FP = layout_fingerprint(LAYOUT, CHUNK_TOKENS)
@@ -158,3 +158,31 @@ def test_engine_keys_are_namespaced_and_refuse_malformed_keys() -> None:
     ):
         with pytest.raises(InvalidKey):
             check_key(bad)
+
+
+def test_a_lora_adapter_keys_its_chunks_apart_from_the_base_model_and_other_adapters() -> None:
+    tokens = prompt(3, CHUNK_TOKENS + 5)
+    keyer = ChunkKeyer(CHUNK_TOKENS)
+    sql = common_pb2.LoraAdapter(name="sql", path="/adapters/sql")
+    sql_moved = common_pb2.LoraAdapter(name="sql", path="/adapters/sql-v2")
+    chat = common_pb2.LoraAdapter(name="chat", path="/adapters/sql")
+    chains = {
+        label: [k.prefix_hash for k in keyer.keys(tokens, FP, salt, lora)]
+        for label, salt, lora in (
+            ("base", "", None),
+            ("sql", "", sql),
+            ("sql, new path", "", sql_moved),
+            ("chat, same path", "", chat),
+            ("sql, salted", "tenant-a", sql),
+            ("salted", "tenant-a", None),
+        )
+    }
+    for a in chains:
+        for b in chains:
+            if a != b:
+                assert all(x != y for x, y in zip(chains[a], chains[b], strict=True)), (a, b)
+    assert [k.prefix_hash for k in keyer.keys(tokens, FP, "", sql)] == chains["sql"]
+    # No salt can spell a salt and an adapter: the parts are length-prefixed in their own domain.
+    assert salt_root("x", common_pb2.LoraAdapter(name="y", path="z")) != salt_root(
+        "", common_pb2.LoraAdapter(name="xy", path="z")
+    )

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from libs.kvlayout.layout import KvFacts
-from libs.worker.engine import EngineInfo, EngineStats, EngineStep, SequenceDelta, TokenLogprob
+from libs.worker.engine import Adapter, EngineInfo, EngineStats, EngineStep, SequenceDelta, TokenLogprob
 from libs.worker.kv_cache_feed import KvCacheFeed
 
 INFO = EngineInfo(
@@ -61,6 +61,7 @@ class FakeEngine:
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
         sequences: Sequence[tuple[int, Sequence[int]]] = (),
+        lora: Adapter | None = None,
     ) -> AsyncIterator[EngineStep]:
         self.calls.append(
             {
@@ -71,6 +72,7 @@ class FakeEngine:
                 "cache_salt": cache_salt,
                 "image_embeddings": list(image_embeddings),
                 "images": list(images),
+                "lora": lora,
             }
         )
         # As vLLM expands each image placeholder: here one token 0 per embedding row, appended.

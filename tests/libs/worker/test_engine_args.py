@@ -284,3 +284,17 @@ def test_a_speculating_cpu_engine_preloads_intel_openmp_before_what_it_inherited
     assert "LD_PRELOAD" not in engine_environment(replace(decode, openmp_library="auto"), {0, 1})
     assert "LD_PRELOAD" not in engine_environment(replace(decode, speculative_config=None), {0, 1})
     assert "LD_PRELOAD" not in engine_environment(replace(decode, device=Device.CUDA), {0, 1})
+
+
+def test_lora_flags_reach_vllm_only_when_enabled() -> None:
+    assert "enable_lora" not in engine_kwargs(config())
+    kwargs = engine_kwargs(config(enable_lora=True, max_loras=2, max_lora_rank=8))
+    assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 2, 8)
+    assert "max_cpu_loras" not in kwargs  # vLLM's default: max_loras
+    assert engine_kwargs(config(enable_lora=True, max_cpu_loras=4))["max_cpu_loras"] == 4
+
+
+def test_a_lora_rank_vllm_does_not_serve_is_refused_naming_the_flag() -> None:
+    assert parse(WorkerConfig, ["--max-lora-rank", "64"]).max_lora_rank == 64
+    with pytest.raises(ConfigError, match="--max-lora-rank"):
+        parse(WorkerConfig, ["--max-lora-rank", "12"])

@@ -13,7 +13,7 @@ from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.rpc.errors import FailedPrecondition
 from libs.worker.config import WorkerConfig
-from libs.worker.engine import EngineStep
+from libs.worker.engine import Adapter, EngineStep
 from libs.worker.errors import InvalidRequest
 from libs.worker.service import WorkerService, WrongRole
 from libs.worker.validation import validate_token_fields
@@ -72,6 +72,7 @@ class RefusingEngine(FakeEngine):
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
         sequences: Sequence[tuple[int, Sequence[int]]] = (),
+        lora: Adapter | None = None,
     ) -> AsyncIterator[EngineStep]:
         async def refuse() -> AsyncIterator[EngineStep]:
             if sampling.get("logprobs", 0) > 20:

@@ -13,7 +13,7 @@ from cleave.common.v1 import common_pb2
 from cleave.worker.v1 import worker_pb2
 from libs.config.roles import Role
 from libs.worker.config import WorkerConfig
-from libs.worker.engine import EngineStep
+from libs.worker.engine import Adapter, EngineStep
 from libs.worker.errors import InvalidRequest, KvTransferFailed
 from libs.worker.handoff import UntrustedPeer
 from libs.worker.service import WorkerService, WrongRole
@@ -31,10 +31,12 @@ class Clock:
 
 
 def make(
-    role: Role, engine: FakeEngine | None = None, clock: Clock | None = None
+    role: Role, engine: FakeEngine | None = None, clock: Clock | None = None, *, enable_lora: bool = False
 ) -> tuple[WorkerService, FakeEngine]:
     engine = engine or FakeEngine()
-    config = WorkerConfig(role=role, model="/nonexistent", served_model_name="fake", kv_lease_s=30)
+    config = WorkerConfig(
+        role=role, model="/nonexistent", served_model_name="fake", kv_lease_s=30, enable_lora=enable_lora
+    )
     return WorkerService(config, engine, address="127.0.0.1:1", clock=clock or Clock()), engine
 
 
@@ -320,6 +322,47 @@ async def test_the_cache_salt_reaches_the_engine_on_prefill_and_decode() -> None
     )
     await collect(decode, worker_pb2.GenerateRequest(metadata=meta("u"), prompt_token_ids=[1, 2]))
     assert [c["cache_salt"] for c in pengine.calls + dengine.calls] == ["tenant-a", "tenant-a", ""]
+
+
+async def test_the_lora_adapter_reaches_the_engine_on_prefill_and_decode() -> None:
+    adapter = common_pb2.LoraAdapter(name="sql", path="/adapters/sql")
+    metadata = common_pb2.RequestMetadata(request_id="a", lora=adapter)
+    prefill, pengine = make(Role.PREFILL, enable_lora=True)
+    handoff = (
+        await prefill.prefill(worker_pb2.PrefillRequest(metadata=metadata, prompt_token_ids=[1, 2]))
+    ).handoff
+    decode, dengine = make(Role.DECODE, enable_lora=True)
+    await collect(
+        decode, worker_pb2.GenerateRequest(metadata=metadata, prompt_token_ids=[1, 2], handoff=handoff)
+    )
+    await collect(decode, worker_pb2.GenerateRequest(metadata=meta("base"), prompt_token_ids=[1, 2]))
+    assert [c["lora"] for c in pengine.calls + dengine.calls] == [
+        Adapter("sql", "/adapters/sql"),
+        Adapter("sql", "/adapters/sql"),
+        None,
+    ]
+
+
+async def test_an_adapter_on_a_worker_without_lora_or_without_a_path_is_the_clients_mistake() -> None:
+    plain, engine = make(Role.BOTH)
+    adapter = common_pb2.LoraAdapter(name="sql", path="/adapters/sql")
+    with pytest.raises(InvalidRequest, match="--enable-lora"):
+        await collect(
+            plain,
+            worker_pb2.GenerateRequest(
+                metadata=common_pb2.RequestMetadata(request_id="a", lora=adapter), prompt_token_ids=[1]
+            ),
+        )
+    serving, _ = make(Role.BOTH, enable_lora=True)
+    with pytest.raises(InvalidRequest, match="name and a path"):
+        await collect(
+            serving,
+            worker_pb2.GenerateRequest(
+                metadata=common_pb2.RequestMetadata(request_id="b", lora=common_pb2.LoraAdapter(name="sql")),
+                prompt_token_ids=[1],
+            ),
+        )
+    assert engine.calls == []
 
 
 async def test_wait_engine_dead_returns_once_the_engine_has_died() -> None:

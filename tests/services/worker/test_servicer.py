@@ -18,7 +18,7 @@ from libs.config.roles import Role
 from libs.rpc.channel import open_channel
 from libs.rpc.server import GrpcServer, ServerConfig
 from libs.worker.config import WorkerConfig
-from libs.worker.engine import EngineStep
+from libs.worker.engine import Adapter, EngineStep
 from libs.worker.errors import EngineUnavailable
 from libs.worker.service import WorkerService
 from services.worker.servicer import SERVICE_NAME, WorkerServicer, binding
@@ -46,6 +46,7 @@ class FailingEngine(FakeEngine):
         image_embeddings: Sequence[Any] = (),
         images: Sequence[Any] = (),
         sequences: Sequence[tuple[int, Sequence[int]]] = (),
+        lora: Adapter | None = None,
     ) -> AsyncIterator[EngineStep]:
         inner = super().generate(
             request_id, prompt_token_ids, sampling, kv_transfer_params, cache_salt=cache_salt

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cleave.common.v1 import common_pb2
 from libs.gateway.fleet.pool import Endpoint
 from libs.gateway.fleet.routing.policy import register
 from libs.gateway.fleet.routing.prefix_affinity import TOKENS_PER_QUEUED_REQUEST, load
-from libs.kvevents.hashing import BlockHasher
+from libs.kvevents.hashing import BlockHasher, LoraIdentity
 
 
 @register
@@ -29,19 +30,29 @@ class KvEvents:
         self._penalty = tokens_per_queued_request
 
     def pick(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> Endpoint:
-        cached = self.cached_tokens(candidates, prompt_token_ids, cache_salt)
+        cached = self.cached_tokens(candidates, prompt_token_ids, cache_salt, lora)
         return max(
             candidates,
             key=lambda e: (cached[e.address] - self._penalty * load(e), -load(e), e.address),
         )
 
     def cached_tokens(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> dict[str, int]:
         """Each candidate's prompt tokens its engine holds from the start (0 where unknown)."""
         keys_by_hasher: dict[BlockHasher, list[int]] = {}
+        # vLLM hashes an adapter's blocks by its name and path (the id is the engine's own).
+        identity = LoraIdentity(lora.name, lora.path, 0) if lora is not None else None
         cached = {}
         for endpoint in candidates:
             blocks, hasher = endpoint.cached_blocks, endpoint.kv_hasher
@@ -49,6 +60,6 @@ class KvEvents:
                 cached[endpoint.address] = 0
                 continue
             if hasher not in keys_by_hasher:  # workers of one fleet share one: hashed once
-                keys_by_hasher[hasher] = hasher.keys(prompt_token_ids, cache_salt=cache_salt)
+                keys_by_hasher[hasher] = hasher.keys(prompt_token_ids, cache_salt=cache_salt, lora=identity)
             cached[endpoint.address] = blocks.prefix_blocks(keys_by_hasher[hasher]) * hasher.block_size
         return cached

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cleave.common.v1 import common_pb2
 from libs.gateway.fleet.pool import Endpoint
 from libs.gateway.fleet.routing.policy import register
 
@@ -16,7 +17,11 @@ class LeastLoad:
     name = "least_load"
 
     def pick(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> Endpoint:
         return min(
             candidates,

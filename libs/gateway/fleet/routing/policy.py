@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from cleave.common.v1 import common_pb2
 from libs.gateway.fleet.pool import Endpoint
 
 
@@ -12,10 +13,14 @@ class RoutingPolicy(Protocol):
     name: str
 
     def pick(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> Endpoint:
-        """Chooses one of `candidates` (never empty, all healthy). `cache_salt`: the request's
-        (engines reuse KV only between requests with the same salt)."""
+        """Chooses one of `candidates` (never empty, all healthy). `cache_salt` and `lora`: the
+        request's (engines reuse KV only between requests with the same salt and adapter)."""
         ...
 
 
@@ -25,7 +30,11 @@ class PrefixCacheEstimate(Protocol):
     reads it: libs/gateway/serving/disaggregation.py)."""
 
     def cached_tokens(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> dict[str, int]: ...
 
 

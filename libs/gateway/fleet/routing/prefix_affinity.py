@@ -16,6 +16,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from cleave.common.v1 import common_pb2
 from libs.gateway.fleet.pool import Endpoint
 from libs.gateway.fleet.routing.policy import register
 
@@ -26,12 +27,21 @@ TOKENS_PER_QUEUED_REQUEST = 512
 MAX_REMEMBERED_BLOCKS = 200_000
 
 
-def block_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS, salt: str = "") -> list[bytes]:
+def block_hashes(
+    token_ids: Sequence[int],
+    block_tokens: int = BLOCK_TOKENS,
+    salt: str = "",
+    lora: common_pb2.LoraAdapter | None = None,
+) -> list[bytes]:
     """Chained hashes of the prompt's full blocks: equal hashes mean equal prefixes under the
-    same cache salt. The salt starts the chain, as vLLM folds cache_salt into a prompt's first
-    block hash: an engine reuses no KV across salts, so neither does this estimate."""
+    same cache salt and LoRA adapter. They start the chain, as vLLM folds cache_salt and the
+    adapter into a prompt's block hashes: an engine reuses no KV across salts or adapters, so
+    neither does this estimate."""
     hashes = []
     previous = hashlib.blake2b(salt.encode(), digest_size=16, person=b"cache_salt").digest() if salt else b""
+    if lora is not None:
+        scope = b"\0".join((previous, lora.name.encode(), lora.path.encode()))
+        previous = hashlib.blake2b(scope, digest_size=16, person=b"lora").digest()
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
         block = ",".join(map(str, token_ids[start : start + block_tokens])).encode()
         previous = hashlib.blake2b(previous + block, digest_size=16).digest()
@@ -53,19 +63,27 @@ class PrefixAffinity:
         self._owner: OrderedDict[bytes, str] = OrderedDict()  # block hash -> worker address
 
     def pick(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> Endpoint:
-        hashes = block_hashes(prompt_token_ids, salt=cache_salt)
+        hashes = block_hashes(prompt_token_ids, salt=cache_salt, lora=lora)
         chosen = max(candidates, key=lambda e: (self._score(e, hashes), -load(e), e.address))
         self._remember(hashes, chosen.address)
         return chosen
 
     def cached_tokens(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> dict[str, int]:
         """Each candidate's prompt tokens this policy thinks it holds (read before `pick`
         records the prompt under its choice)."""
-        hashes = block_hashes(prompt_token_ids, salt=cache_salt)
+        hashes = block_hashes(prompt_token_ids, salt=cache_salt, lora=lora)
         return {e.address: self._remembered_tokens(e.address, hashes) for e in candidates}
 
     def _remembered_tokens(self, address: str, hashes: Sequence[bytes]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from cleave.common.v1 import common_pb2
 from libs.gateway.fleet.pool import Endpoint
 from libs.gateway.fleet.routing.policy import register
 
@@ -17,7 +18,11 @@ class RoundRobin:
         self._counter = itertools.count()
 
     def pick(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: common_pb2.LoraAdapter | None = None,
     ) -> Endpoint:
         ordered = sorted(candidates, key=lambda e: e.address)
         return ordered[next(self._counter) % len(ordered)]

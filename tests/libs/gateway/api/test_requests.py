@@ -6,18 +6,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from libs.gateway.api.requests import check_model, tokenizer_call, validation_error
+from libs.gateway.api.requests import tokenizer_call, validation_error
 from libs.gateway.common import errors
 
 pytestmark = pytest.mark.anyio
-
-
-def test_a_request_for_another_model_is_a_404_naming_the_served_one() -> None:
-    check_model(None, "smol")
-    check_model("smol", "smol")
-    with pytest.raises(errors.ApiError, match="this server serves 'smol'") as raised:
-        check_model("gpt-4", "smol")
-    assert (raised.value.status, raised.value.code) == (404, "model_not_found")
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

@@ -51,7 +51,11 @@ class First:
     name = "first"
 
     def pick(
-        self, candidates: Sequence[Endpoint], prompt_token_ids: Sequence[int], cache_salt: str = ""
+        self,
+        candidates: Sequence[Endpoint],
+        prompt_token_ids: Sequence[int],
+        cache_salt: str = "",
+        lora: object = None,
     ) -> Endpoint:
         return candidates[0]
 

@@ -318,7 +318,9 @@ class StoredPrefix:
         self.asked: list[str] = []
         self.salts: list[str] = []
 
-    async def matched_tokens(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> int:
+    async def matched_tokens(
+        self, request_id: str, token_ids: Sequence[int], cache_salt: str = "", lora: object = None
+    ) -> int:
         self.asked.append(request_id)
         self.salts.append(cache_salt)
         return min(self.matched, len(token_ids))

@@ -75,7 +75,9 @@ class CountingLookup:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def matched_tokens(self, request_id: str, token_ids: Sequence[int], cache_salt: str = "") -> int:
+    async def matched_tokens(
+        self, request_id: str, token_ids: Sequence[int], cache_salt: str = "", lora: object = None
+    ) -> int:
         self.calls += 1
         return len(token_ids)  # "holds everything": would skip prefill for a text prompt
 

@@ -1,0 +1,170 @@
+"""The LoRA adapters this gateway serves, as vLLM's server does: `--lora-modules` at start,
+`/v1/load_lora_adapter` and `/v1/unload_lora_adapter` at run time (only with vLLM's
+VLLM_ALLOW_RUNTIME_LORA_UPDATING), a request's `model` resolved to the base model or an
+adapter, and /v1/models' cards for them.
+
+Workers keep no list of adapters: every request carries its adapter's name and path
+(RequestMetadata.lora) and a worker loads it on first use. So an adapter loaded here reaches
+every worker, including those that join or restart later. The list itself is this gateway
+process's, as vLLM's is its API server's: with several gateways (replicas, or
+--api-server-count) give adapters with --lora-modules, which every one of them reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from cleave.common.v1 import common_pb2
+from libs.config.errors import ConfigError
+from libs.config.flags import Codec, flag
+from libs.gateway.common import errors
+
+# vLLM's switch for the run-time endpoints (vllm.envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    """One adapter: vLLM's LoRAModulePath (is_3d_lora_weight aside)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_module(flag: str, text: str) -> LoraModule:
+    """vLLM's two spellings: `name=path`, or a JSON object with name, path and optionally
+    base_model_name."""
+    if "=" in text and "," not in text:
+        name, path = text.split("=", 1)
+        module = LoraModule(name.strip(), path.strip())
+    else:
+        try:
+            document = json.loads(text)
+            module = LoraModule(**document)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(
+                flag, text, f'name=path or a JSON object {{"name": ..., "path": ...}} ({error})'
+            ) from None
+    if not module.name or not module.path:
+        raise ConfigError(flag, text, "an adapter name and a path")
+    return module
+
+
+def format_lora_module(module: LoraModule) -> str:
+    if module.base_model_name is None and "," not in module.path and "=" not in module.name:
+        return f"{module.name}={module.path}"
+    return json.dumps(asdict(module))
+
+
+LORA_MODULE: Codec[LoraModule] = Codec(parse_lora_module, format_lora_module)
+
+
+def runtime_updates_allowed(environ: Mapping[str, str]) -> bool:
+    """vLLM's reading of VLLM_ALLOW_RUNTIME_LORA_UPDATING: "1" or "true", any case."""
+    return environ.get(RUNTIME_UPDATES_ENV, "0").strip().lower() in ("1", "true")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraServingFlags:
+    """The gateway's LoRA flag (the workers' --enable-lora and --max-lora* are EngineFlags)."""
+
+    lora_modules: tuple[LoraModule, ...] = flag(
+        (),
+        codec=LORA_MODULE,
+        many=True,
+        help="LoRA adapters clients name as `model`: name=path or JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\', several after one flag (vLLM\'s flag; '
+        "needs --enable-lora; the path is read by every worker)",
+    )
+
+    def adapters(self, environ: Mapping[str, str] = os.environ) -> Adapters:
+        return Adapters(self.lora_modules, runtime_updates=runtime_updates_allowed(environ))
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's body for /v1/load_lora_adapter."""
+
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+    is_3d_lora_weight: bool = False
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's body for /v1/unload_lora_adapter."""
+
+    lora_name: str
+    lora_int_id: int | None = None
+
+
+class Adapters:
+    def __init__(self, modules: Sequence[LoraModule] = (), *, runtime_updates: bool = False) -> None:
+        self._modules = {module.name: module for module in modules}
+        self.runtime_updates = runtime_updates
+
+    def resolve(self, requested: str | None, served: str) -> common_pb2.LoraAdapter | None:
+        """The adapter a request's `model` names; None for the base model (or no name, as
+        vLLM allows). Any other name is vLLM's 404."""
+        if not requested or requested == served:
+            return None
+        module = self._modules.get(requested)
+        if module is None:
+            raise errors.model_not_found(requested, served)
+        return common_pb2.LoraAdapter(name=module.name, path=module.path)
+
+    def cards(self, served: str) -> list[dict[str, Any]]:
+        """/v1/models' entries for the adapters (vLLM's: root is the path, parent the base)."""
+        return [
+            {
+                "id": module.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "cleave",
+                "root": module.path,
+                "parent": module.base_model_name or served,
+                "max_model_len": None,
+            }
+            for module in self._modules.values()
+        ]
+
+    def load(self, body: LoadLoraAdapterRequest, served: str) -> str:
+        """/v1/load_lora_adapter: vLLM's checks and messages. The workers load the adapter
+        when a request first names it."""
+        name, path = body.lora_name, body.lora_path
+        if not name or not path:
+            raise errors.ApiError(
+                400, "Both 'lora_name' and 'lora_path' must be provided.", type_="InvalidUserInput"
+            )
+        if name == served:
+            raise errors.ApiError(
+                400,
+                f"The lora adapter '{name}' conflicts with a served base model.",
+                type_="InvalidUserInput",
+            )
+        if name in self._modules and not body.load_inplace:
+            raise errors.ApiError(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                "in place, set 'load_inplace' to True.",
+                type_="InvalidUserInput",
+            )
+        self._modules[name] = LoraModule(name, path)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload(self, body: UnloadLoraAdapterRequest) -> str:
+        name = body.lora_name
+        if not name:
+            raise errors.ApiError(
+                400, "'lora_name' needs to be provided to unload a LoRA adapter.", type_="InvalidUserInput"
+            )
+        if name not in self._modules:
+            raise errors.ApiError(404, f"The lora adapter '{name}' cannot be found.", type_="NotFoundError")
+        del self._modules[name]
+        return f"Success: LoRA adapter '{name}' removed successfully."
