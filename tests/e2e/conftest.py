@@ -12,6 +12,7 @@ import pytest
 
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service
+from tests.e2e.lora_adapter import write_adapter
 from tests.e2e.prompts import build_prompts
 from tests.e2e.reference_commands import REFERENCE_PD_COMMAND
 from tests.e2e.stack import (
@@ -41,9 +42,24 @@ API_STACK_FLAGS = (
 )  # fmt: skip
 
 
+# The test LoRA adapter's name on the stacks that serve it (test_lora, test_gateway_failures).
+LORA_NAME = "smol-lora"
+
+
+def lora_flags(adapter_dir: Path) -> tuple[str, ...]:
+    """vLLM's LoRA flags serving the test adapter (rank 8) under LORA_NAME."""
+    return ("--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"{LORA_NAME}={adapter_dir}")
+
+
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test LoRA adapter (lora_adapter.py), written once per test process."""
+    return write_adapter(tmp_path_factory.mktemp("lora") / "smol-lora", default_model_dir())
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +68,20 @@ def prompts(model_dir: Path) -> list[tuple[str, list[int]]]:
 
 
 @pytest.fixture(scope="session")
-def api_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Service, str]]]:
-    """A 1p1d and a pd stack with API_STACK_FLAGS, started at once, by mode: each gateway and
-    its base URL. The suites of //tests/e2e:test_vllm_api share them (two 1p1d starts less);
-    nothing they check depends on another suite's requests."""
+def api_stacks(
+    tmp_path_factory: pytest.TempPathFactory, lora_adapter: Path
+) -> Iterator[dict[str, tuple[Service, str]]]:
+    """A 1p1d and a pd stack with API_STACK_FLAGS and the test LoRA adapter, started at once,
+    by mode: each gateway and its base URL. The suites of //tests/e2e:test_vllm_api share them
+    (two 1p1d starts less); nothing they check depends on another suite's requests."""
     modes = ("1p1d", "pd")
     # The same suites through other gateway flags, e.g. several API processes:
     # ./bazel test //tests/e2e:test_vllm_api --test_env=CLEAVE_E2E_GATEWAY_FLAGS="--api-server-count 2"
-    flags = (*API_STACK_FLAGS, *shlex.split(os.environ.get("CLEAVE_E2E_GATEWAY_FLAGS", "")))
+    flags = (
+        *API_STACK_FLAGS,
+        *lora_flags(lora_adapter),
+        *shlex.split(os.environ.get("CLEAVE_E2E_GATEWAY_FLAGS", "")),
+    )
     specs = (StackSpec(mode, tmp_path_factory.mktemp(f"api-{mode}"), flags) for mode in modes)
     started = start_gateway_stacks(*specs)
     try:

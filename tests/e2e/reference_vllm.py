@@ -2,7 +2,10 @@
 disaggregated path must match token for token. Run as a child process by the e2e tests
 (`ReferenceRun`, started while their stack starts):
 
-    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE [MAX_MODEL_LEN]]
+    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE [MAX_MODEL_LEN [LORA_DIR]]]
+
+With LORA_DIR (a LoRA adapter of rank <= 8) the engine serves LoRA, and the output holds every
+prompt's tokens from the base model, then every prompt's under the adapter.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def main(
     max_tokens: int,
     dtype: str = "auto",
     max_model_len: str = "",
+    lora_dir: str = "",
 ) -> None:
     config = WorkerConfig(
         role=Role.BOTH,
@@ -44,19 +48,25 @@ def main(
         kv_port=5799,
         dtype=dtype,
         max_model_len=int(max_model_len) if max_model_len else None,
+        enable_lora=bool(lora_dir),
+        max_lora_rank=8,
     )
     os.environ.update(offline_engine_environment(config))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     kwargs = engine_kwargs(config)
     kwargs.pop("disable_log_stats")
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False)
     outputs = []
-    for ids in json.loads(Path(prompts_path).read_text()):
-        result = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
-        outputs.append(list(result[0].outputs[0].token_ids))
+    adapters = [None, LoRARequest("reference-lora", 1, lora_dir)] if lora_dir else [None]
+    for adapter in adapters:
+        for ids in json.loads(Path(prompts_path).read_text()):
+            prompt = TokensPrompt(prompt_token_ids=ids)
+            result = llm.generate([prompt], params, use_tqdm=False, lora_request=adapter)
+            outputs.append(list(result[0].outputs[0].token_ids))
     Path(out_path).write_text(json.dumps(outputs))
 
 

@@ -1,7 +1,10 @@
 """A real 2p1d stack with SmolLM2 and a kvstore, round-robin routing: stored prompt prefixes
 are loaded instead of computed, by the decode worker when the gateway skips prefill and by
 the other prefill worker otherwise (their counters say how much), with the same greedy
-output as vLLM's own cold run. Then worker failures: a prefill worker killed under a request
+output as vLLM's own cold run. The stack serves the test LoRA adapter: a prompt sent under
+it and then under the base model is computed again, neither prefill worker's cache nor the
+kvstore gives the base model the adapter's KV, and each answer is vLLM's own for its model.
+Then worker failures: a prefill worker killed under a request
 makes the gateway retry that request on the other one (counted), then it is ejected; a decode
 worker killed mid-stream gives the client an error event within seconds, and the gateway stops
 routing to it.
@@ -32,6 +35,7 @@ from libs.config.flags import parse
 from libs.gateway.config import GatewayConfig
 from libs.rpc.ports import read_port_file
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
+from tests.e2e.conftest import LORA_NAME, lora_flags
 from tests.e2e.harness import Service, log_dir, start
 from tests.e2e.prompts import question, shared_prefix
 from tests.e2e.reference_vllm import ReferenceRun
@@ -60,21 +64,25 @@ def tokenizer(model_dir: Path) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def prefix_prompts(tokenizer: Tokenizer) -> dict[str, list[int]]:
-    """Two prompts sharing a ~1,900-token prefix; `long_tail` adds ~300 new tokens to it."""
+    """Two prompts sharing a ~1,900-token prefix; `long_tail` adds ~300 new tokens to it.
+    `lora`: another, of ~600 tokens (two kvstore chunks), for the adapter's test."""
     prefix = shared_prefix(tokenizer, seed=3, tokens=PREFIX_TOKENS)
     return {
         "prompt": prefix + question(tokenizer, "Which word comes first?"),
         "long_tail": prefix + shared_prefix(tokenizer, seed=4, tokens=300) + question(tokenizer, "And last?"),
+        "lora": shared_prefix(tokenizer, seed=5, tokens=600) + question(tokenizer, "Which word is shortest?"),
     }
 
 
 @pytest.fixture(scope="module")
-def cold_reference_run(model_dir: Path, prefix_prompts: dict[str, list[int]]) -> Iterator[ReferenceRun]:
-    """vLLM's own LLM.generate of each prompt in a fresh engine (no cache, no kvstore),
-    loading while the stack starts."""
+def cold_reference_run(
+    model_dir: Path, prefix_prompts: dict[str, list[int]], lora_adapter: Path
+) -> Iterator[ReferenceRun]:
+    """vLLM's own LLM.generate of each prompt in a fresh engine (no cache, no kvstore), from
+    the base model and under the test adapter, loading while the stack starts."""
     run = ReferenceRun(
         log_dir(), "2p1d", model_dir, [prefix_prompts[name] for name in sorted(prefix_prompts)], MAX_TOKENS,
-        "float32", str(MAX_MODEL_LEN),
+        "float32", str(MAX_MODEL_LEN), str(lora_adapter),
     )  # fmt: skip
     try:
         yield run
@@ -83,18 +91,29 @@ def cold_reference_run(model_dir: Path, prefix_prompts: dict[str, list[int]]) ->
 
 
 @pytest.fixture(scope="module")
-def cold_reference(
+def cold_references(
     cold_reference_run: ReferenceRun, prefix_prompts: dict[str, list[int]]
-) -> dict[str, list[int]]:
-    return dict(zip(sorted(prefix_prompts), cold_reference_run.outputs(), strict=True))
+) -> dict[str, dict[str, list[int]]]:
+    """Each prompt's reference tokens, by model: "base" and "adapter"."""
+    outputs, names = cold_reference_run.outputs(), sorted(prefix_prompts)
+    return {
+        "base": dict(zip(names, outputs[: len(names)], strict=True)),
+        "adapter": dict(zip(names, outputs[len(names) :], strict=True)),
+    }
+
+
+@pytest.fixture(scope="module")
+def cold_reference(cold_references: dict[str, dict[str, list[int]]]) -> dict[str, list[int]]:
+    return cold_references["base"]
 
 
 @pytest.fixture(scope="module")
 def stack(
-    cold_reference_run: ReferenceRun, tmp_path_factory: pytest.TempPathFactory
+    cold_reference_run: ReferenceRun, tmp_path_factory: pytest.TempPathFactory, lora_adapter: Path
 ) -> Iterator[tuple[Service, str]]:
     service, base_url = start_gateway_stack(
         "2p1d", tmp_path_factory.mktemp("cache"), "--kvstore", "--kvstore-cpu-bytes", "512MiB",
+        *lora_flags(lora_adapter),
         "--routing", "round_robin", "--max-model-len", str(MAX_MODEL_LEN),
         # Small admission bounds for test_a_burst_beyond_the_queue_is_429; the other tests
         # send at most 2 requests at once, which these let through.
@@ -195,6 +214,48 @@ def test_stored_prefixes_are_loaded_not_computed(
     reused = loaded[decode] + local[decode]
     assert reused >= 0.9 * PREFIX_TOKENS and computed[decode] == len(prompt) - reused
     assert warm == cold
+
+
+def test_the_adapters_kv_is_never_the_base_models_in_caches_or_the_kvstore(
+    stack: tuple[Service, str],
+    prefix_prompts: dict[str, list[int]],
+    cold_references: dict[str, dict[str, list[int]]],
+) -> None:
+    """The `lora` prompt under the adapter (computed, its chunks saved under the adapter's
+    keys), then under the base model: computed again, nothing loaded from the kvstore or hit
+    in a worker's own cache; then under the adapter again: reused. Each answer is vLLM's own."""
+    _, base_url = stack
+    prompt = prefix_prompts["lora"]
+    models = {"base": served_model(base_url), "adapter": LORA_NAME}
+    addresses = [str(w["address"]) for role in ("prefill", "decode") for w in workers(base_url, role)]
+
+    def complete(which: str) -> tuple[dict[str, int], dict[str, int]]:
+        """Sends the prompt; per worker: prompt tokens loaded from the kvstore, hit locally."""
+        before = {a: worker_stats(a) for a in addresses}
+        body = {"model": models[which], "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                "return_token_ids": True}  # fmt: skip
+        response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["token_ids"] == cold_references[which]["lora"], which
+        time.sleep(1.5)  # vLLM's stat loggers run after the step
+        after = {a: worker_stats(a) for a in addresses}
+        return (
+            {a: after[a].kvstore.tokens_loaded - before[a].kvstore.tokens_loaded for a in addresses},
+            {
+                a: after[a].prompt_tokens_local_cache_hit - before[a].prompt_tokens_local_cache_hit
+                for a in addresses
+            },
+        )
+
+    assert cold_references["base"]["lora"] != cold_references["adapter"]["lora"]  # else this proves nothing
+    kvstore = kvstore_address(stack[0])
+    stored = asyncio.run(stored_chunks(kvstore, at_least=0))
+    complete("adapter")
+    assert asyncio.run(stored_chunks(kvstore, at_least=stored + 2)) >= stored + 2  # under the adapter's keys
+    loaded, local = complete("base")
+    assert sum(loaded.values()) == 0 and sum(local.values()) == 0, (loaded, local)
+    loaded, local = complete("adapter")
+    assert sum(loaded.values()) + sum(local.values()) >= 512, (loaded, local)  # its own KV, reused
 
 
 def stack_tokenizer(gateway: Service) -> str:

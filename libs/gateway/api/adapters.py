@@ -140,13 +140,14 @@ class Adapters:
         name, path = body.lora_name, body.lora_path
         if not name or not path:
             raise errors.ApiError(
-                400, "Both 'lora_name' and 'lora_path' must be provided.", type_="InvalidUserInput"
+                400, "Both 'lora_name' and 'lora_path' must be provided.", type_="InvalidUserInput", code=400
             )
         if name == served:
             raise errors.ApiError(
                 400,
                 f"The lora adapter '{name}' conflicts with a served base model.",
                 type_="InvalidUserInput",
+                code=400,
             )
         if name in self._modules and not body.load_inplace:
             raise errors.ApiError(
@@ -154,6 +155,7 @@ class Adapters:
                 f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
                 "in place, set 'load_inplace' to True.",
                 type_="InvalidUserInput",
+                code=400,
             )
         self._modules[name] = LoraModule(name, path)
         return f"Success: LoRA adapter '{name}' added successfully."
@@ -162,9 +164,14 @@ class Adapters:
         name = body.lora_name
         if not name:
             raise errors.ApiError(
-                400, "'lora_name' needs to be provided to unload a LoRA adapter.", type_="InvalidUserInput"
+                400,
+                "'lora_name' needs to be provided to unload a LoRA adapter.",
+                type_="InvalidUserInput",
+                code=400,
             )
         if name not in self._modules:
-            raise errors.ApiError(404, f"The lora adapter '{name}' cannot be found.", type_="NotFoundError")
+            raise errors.ApiError(
+                404, f"The lora adapter '{name}' cannot be found.", type_="NotFoundError", code=404
+            )
         del self._modules[name]
         return f"Success: LoRA adapter '{name}' removed successfully."
