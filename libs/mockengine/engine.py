@@ -114,6 +114,10 @@ class MockEngine:
         int_id = self._lora_ids.setdefault(lora, len(self._lora_ids) + 1)
         return LoraSpec(lora.name, lora.path, int_id)
 
+    async def load_lora(self, adapter: Adapter) -> None:
+        """The simulator keeps no adapter weights: an adapter is its name and path."""
+        self._lora_spec(adapter)
+
     async def generate(
         self,
         request_id: str,

@@ -36,6 +36,13 @@ class InvalidRequest(RpcError, ValueError):
     code = common_pb2.ERROR_CODE_INVALID_ARGUMENT
 
 
+class NotFound(RpcError):
+    """What the request names does not exist (a LoRA adapter's path): the caller's mistake."""
+
+    status = grpc.StatusCode.NOT_FOUND
+    code = common_pb2.ERROR_CODE_INVALID_ARGUMENT
+
+
 class FailedPrecondition(RpcError):
     """The request is well formed but this server is not set up for it (wrong role, no chat
     template): sending it elsewhere may work, retrying here will not."""

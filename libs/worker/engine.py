@@ -149,6 +149,11 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    async def load_lora(self, adapter: Adapter) -> None:
+        """Loads the adapter now, as a request naming it would (NotFound: no adapter there;
+        InvalidRequest: the engine refuses it)."""
+        ...
+
     async def release_handoff(self, request_id: str, kv_transfer_params: dict[str, Any]) -> None:
         """Decode side: tell the prefill engine to free KV that will not be pulled."""
         ...

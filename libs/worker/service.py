@@ -240,6 +240,17 @@ class WorkerService:
         await self._check_peer(request.handoff)
         return params_from_handoff(request.handoff)
 
+    # -- LoRA adapters -----------------------------------------------------------------------
+    async def load_lora_adapter(self, request: worker_pb2.LoadLoraAdapterRequest) -> None:
+        """Loads the adapter into the engine now (what a request naming it would do first)."""
+        metadata = common_pb2.RequestMetadata(lora=request.adapter)
+        if not self._config.enable_lora:
+            raise InvalidRequest("this worker serves no LoRA adapters (--enable-lora)")
+        adapter = adapter_of(metadata)
+        if adapter is None:
+            raise InvalidRequest("an adapter (name and path) is required")
+        await self._engine.load_lora(adapter)
+
     # -- leases ------------------------------------------------------------------------------
     async def release_kv(self, request: worker_pb2.ReleaseKvRequest) -> None:
         if self._config.role is not Role.DECODE:

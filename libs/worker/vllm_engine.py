@@ -226,6 +226,9 @@ class VllmEngine:
         self._inputs.assign_request_id(request)  # vLLM's unique internal id
         return request
 
+    async def load_lora(self, adapter: Adapter) -> None:
+        await self._adapters.request_for(adapter)
+
     async def abort(self, request_id: str) -> None:
         """Ends a running request's stream with "abort" (its reader sees the end) and frees
         its KV in the engine. A reader that stops reading aborts its request itself."""

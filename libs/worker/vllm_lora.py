@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.lora.request import LoRARequest
 
+from libs.rpc.errors import NotFound
 from libs.worker.engine import Adapter
 from libs.worker.errors import InvalidRequest
 
@@ -39,7 +41,10 @@ class LoraAdapters:
             request = LoRARequest(lora_name=adapter.name, lora_int_id=self._next_id, lora_path=adapter.path)
             try:
                 await self._add_lora(request)
-            except Exception as error:  # vLLM's message: "Loading lora NAME failed: ..."
+            except Exception as error:  # vLLM's message, as its server tells missing from refused
+                not_found = str(LoRAAdapterNotFoundError(adapter.name, adapter.path))
+                if not_found in str(error):
+                    raise NotFound(not_found) from error
                 raise InvalidRequest(f"LoRA adapter {adapter.name!r} cannot be loaded: {error}") from error
             self._next_id += 1
             self._loaded[adapter] = request

@@ -95,6 +95,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         await self._service.release_kv(request)
         return worker_pb2.ReleaseKvResponse()
 
+    @rpc_method(service=SERVICE, metrics=metrics.RPC)
+    async def LoadLoraAdapter(
+        self, request: worker_pb2.LoadLoraAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LoadLoraAdapterResponse:
+        await self._service.load_lora_adapter(request)
+        return worker_pb2.LoadLoraAdapterResponse()
+
     async def GetStats(
         self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.WorkerStats:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e.harness import Service
+from tests.e2e.harness import Service, log_dir
 from tests.e2e.lora_adapter import write_adapter
-from tests.e2e.prompts import build_prompts
+from tests.e2e.prompts import build_prompts, question, shared_prefix
 from tests.e2e.reference_commands import REFERENCE_PD_COMMAND
+from tests.e2e.reference_vllm import ReferenceRun
 from tests.e2e.stack import (
     StackSpec,
     default_model_dir,
@@ -27,8 +28,9 @@ from tests.e2e.stack import (
 # Ours (ChatML with Hermes-style tools): runfiles hold it at this path under the workspace.
 HERMES_TEMPLATE = "tests/e2e/chat_templates/hermes_tools.jinja"
 # The flags of the stacks that test_vllm_extensions and test_structured_output share.
+API_MAX_MODEL_LEN = "2048"
 API_STACK_FLAGS = (
-    "--max-model-len", "2048",
+    "--max-model-len", API_MAX_MODEL_LEN,
     # xgrammar's JSON grammar allows any whitespace between tokens, and SmolLM2 can fill
     # max_tokens with it: request 27 of the 50 (seed 27) ends `{"field_27": "{" \n \n ...`
     # (finish_reason length) in every 1p1d run so far, with and without this engine-wide
@@ -62,6 +64,31 @@ def lora_adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_adapter(tmp_path_factory.mktemp("lora") / "smol-lora", default_model_dir())
 
 
+# test_lora's prompts: two of ~400 tokens (several KV blocks each); its reference tokens
+# max_tokens long.
+LORA_MAX_TOKENS = 12
+
+
+def lora_prompts() -> list[list[int]]:
+    tokenizer = Tokenizer.from_config(TokenizerConfig(path=default_model_dir()))
+    question_ids = question(tokenizer, "Which topic comes up most?")
+    return [shared_prefix(tokenizer, seed=20 + i, tokens=400) + question_ids for i in range(2)]
+
+
+@pytest.fixture(scope="session")
+def lora_reference_run(lora_adapter: Path) -> Iterator[ReferenceRun]:
+    """vLLM's offline greedy tokens for lora_prompts(), from the base model and under the
+    adapter: started before the API stacks (which wait for it), so that it loads beside them."""
+    run = ReferenceRun(
+        log_dir(), "lora", default_model_dir(), lora_prompts(), LORA_MAX_TOKENS, "float32",
+        API_MAX_MODEL_LEN, str(lora_adapter),
+    )  # fmt: skip
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
 @pytest.fixture(scope="module")
 def prompts(model_dir: Path) -> list[tuple[str, list[int]]]:
     return build_prompts(Tokenizer.from_config(TokenizerConfig(path=model_dir)))
@@ -69,7 +96,7 @@ def prompts(model_dir: Path) -> list[tuple[str, list[int]]]:
 
 @pytest.fixture(scope="session")
 def api_stacks(
-    tmp_path_factory: pytest.TempPathFactory, lora_adapter: Path
+    tmp_path_factory: pytest.TempPathFactory, lora_adapter: Path, lora_reference_run: ReferenceRun
 ) -> Iterator[dict[str, tuple[Service, str]]]:
     """A 1p1d and a pd stack with API_STACK_FLAGS and the test LoRA adapter, started at once,
     by mode: each gateway and its base URL. The suites of //tests/e2e:test_vllm_api share them

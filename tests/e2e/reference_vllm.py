@@ -2,10 +2,12 @@
 disaggregated path must match token for token. Run as a child process by the e2e tests
 (`ReferenceRun`, started while their stack starts):
 
-    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE [MAX_MODEL_LEN [LORA_DIR]]]
+    python -m tests.e2e.reference_vllm MODEL_DIR PROMPTS_JSON OUT_JSON MAX_TOKENS [DTYPE [MAX_MODEL_LEN
+        [LORA_DIR [LORA_PROMPTS]]]]
 
 With LORA_DIR (a LoRA adapter of rank <= 8) the engine serves LoRA, and the output holds every
-prompt's tokens from the base model, then every prompt's under the adapter.
+prompt's tokens from the base model, then those of the prompts LORA_PROMPTS names (their
+comma-separated indexes; default: all) under the adapter.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main(
     dtype: str = "auto",
     max_model_len: str = "",
     lora_dir: str = "",
+    lora_prompts: str = "",
 ) -> None:
     config = WorkerConfig(
         role=Role.BOTH,
@@ -60,13 +63,16 @@ def main(
     kwargs.pop("disable_log_stats")
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False)
+    prompts = json.loads(Path(prompts_path).read_text())
+    runs = [(ids, None) for ids in prompts]
+    if lora_dir:
+        adapter = LoRARequest("reference-lora", 1, lora_dir)
+        chosen = [int(i) for i in lora_prompts.split(",")] if lora_prompts else range(len(prompts))
+        runs += [(prompts[i], adapter) for i in chosen]
     outputs = []
-    adapters = [None, LoRARequest("reference-lora", 1, lora_dir)] if lora_dir else [None]
-    for adapter in adapters:
-        for ids in json.loads(Path(prompts_path).read_text()):
-            prompt = TokensPrompt(prompt_token_ids=ids)
-            result = llm.generate([prompt], params, use_tqdm=False, lora_request=adapter)
-            outputs.append(list(result[0].outputs[0].token_ids))
+    for ids, lora in runs:
+        result = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, lora_request=lora)
+        outputs.append(list(result[0].outputs[0].token_ids))
     Path(out_path).write_text(json.dumps(outputs))
 
 

@@ -80,9 +80,10 @@ def cold_reference_run(
 ) -> Iterator[ReferenceRun]:
     """vLLM's own LLM.generate of each prompt in a fresh engine (no cache, no kvstore), from
     the base model and under the test adapter, loading while the stack starts."""
+    names = sorted(prefix_prompts)
     run = ReferenceRun(
-        log_dir(), "2p1d", model_dir, [prefix_prompts[name] for name in sorted(prefix_prompts)], MAX_TOKENS,
-        "float32", str(MAX_MODEL_LEN), str(lora_adapter),
+        log_dir(), "2p1d", model_dir, [prefix_prompts[name] for name in names], MAX_TOKENS,
+        "float32", str(MAX_MODEL_LEN), str(lora_adapter), str(names.index("lora")),
     )  # fmt: skip
     try:
         yield run
@@ -94,11 +95,12 @@ def cold_reference_run(
 def cold_references(
     cold_reference_run: ReferenceRun, prefix_prompts: dict[str, list[int]]
 ) -> dict[str, dict[str, list[int]]]:
-    """Each prompt's reference tokens, by model: "base" and "adapter"."""
+    """Each prompt's reference tokens from the base model ("base"); the `lora` prompt's under
+    the adapter too ("adapter")."""
     outputs, names = cold_reference_run.outputs(), sorted(prefix_prompts)
     return {
         "base": dict(zip(names, outputs[: len(names)], strict=True)),
-        "adapter": dict(zip(names, outputs[len(names) :], strict=True)),
+        "adapter": dict(zip(["lora"], outputs[len(names) :], strict=True)),
     }
 
 

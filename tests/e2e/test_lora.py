@@ -13,59 +13,24 @@ adapter changes v_proj, so the KV itself differs).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
-from tests.e2e.conftest import LORA_NAME
-from tests.e2e.harness import Service, log_dir
-from tests.e2e.prompts import question, shared_prefix
+from tests.e2e.conftest import LORA_MAX_TOKENS, LORA_NAME, lora_prompts
+from tests.e2e.harness import Service
 from tests.e2e.reference_vllm import ReferenceRun
 
-MAX_TOKENS = 12
-MAX_MODEL_LEN = 2048  # API_STACK_FLAGS'
-# The first is sent under the adapter then the base model, the second the other way round.
+# lora_prompts()[0] is sent under the adapter then the base model, [1] the other way round.
 ORDERS = (("adapter", "base"), ("base", "adapter"))
 
 
 @pytest.fixture(scope="module")
-def lora_prompts(model_dir: Path) -> list[list[int]]:
-    """Two ~400-token prompts (several KV blocks each), one per order."""
-    tokenizer = Tokenizer.from_config(TokenizerConfig(path=model_dir))
-    return [
-        shared_prefix(tokenizer, seed=20 + i, tokens=400) + question(tokenizer, "Which topic comes up most?")
-        for i in range(len(ORDERS))
-    ]
-
-
-@pytest.fixture(scope="module")
-def reference_run(
-    model_dir: Path, lora_prompts: list[list[int]], lora_adapter: Path
-) -> Iterator[ReferenceRun]:
-    run = ReferenceRun(
-        log_dir(),
-        "lora",
-        model_dir,
-        lora_prompts,
-        MAX_TOKENS,
-        "float32",
-        str(MAX_MODEL_LEN),
-        str(lora_adapter),
-    )
-    try:
-        yield run
-    finally:
-        run.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(reference_run: ReferenceRun, lora_prompts: list[list[int]]) -> dict[str, list[list[int]]]:
-    """vLLM's greedy tokens for each prompt: from the base model, and under the adapter."""
-    outputs = reference_run.outputs()
-    count = len(lora_prompts)
+def reference(lora_reference_run: ReferenceRun) -> dict[str, list[list[int]]]:
+    """vLLM's greedy tokens for each of lora_prompts(): from the base model, and under the adapter."""
+    outputs = lora_reference_run.outputs()
+    count = len(ORDERS)
     by_model = {"base": outputs[:count], "adapter": outputs[count:]}
     for base, adapted in zip(by_model["base"], by_model["adapter"], strict=True):
         assert base != adapted, (
@@ -78,7 +43,7 @@ def complete(base_url: str, model: str, prompt: list[int]) -> dict[str, object]:
     body = {
         "model": model,
         "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": LORA_MAX_TOKENS,
         "temperature": 0,
         "return_token_ids": True,
     }
@@ -92,12 +57,11 @@ def test_the_adapter_answers_as_vllms_lora_serving_and_never_shares_kv_with_the_
     mode: str,
     api_stacks: dict[str, tuple[Service, str]],
     reference: dict[str, list[list[int]]],
-    lora_prompts: list[list[int]],
 ) -> None:
     base_url = api_stacks[mode][1]
     base_model = httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
     names = {"base": base_model, "adapter": LORA_NAME}
-    for index, (prompt, order) in enumerate(zip(lora_prompts, ORDERS, strict=True)):
+    for index, (prompt, order) in enumerate(zip(lora_prompts(), ORDERS, strict=True)):
         for which in order:
             answer = complete(base_url, names[which], prompt)
             choice = answer["choices"][0]  # type: ignore[index]

@@ -28,14 +28,21 @@ _SAME_WITH_VALUE = frozenset(
         # The model's numerics: test_chat_echo and test_root_path serve float16, test_completion
         # float32; their sampled tests assert where a sample stops, which depends on it.
         "--dtype",
+        # LoRA: the adapters the tests' fixtures fetch are the runner's (shim/tests_conftest.py).
+        "--max-lora-rank",
+        "--max-cpu-loras",
+        "--max-loras",
     }
 )
+# vLLM flags the gateway takes with the same name, followed by one value or more (nargs="+").
+_SAME_WITH_VALUES = frozenset({"--lora-modules"})
 _SAME_SWITCHES = frozenset(
     {
         "--enable-auto-tool-choice",
         "--enable-force-include-usage",
         "--enable-prompt-tokens-details",
         "--return-tokens-as-token-ids",
+        "--enable-lora",
     }
 )
 # vLLM's flag -> the gateway's, both taking a value. pd workers take the decode settings.
@@ -77,6 +84,12 @@ def translate(vllm_args: Sequence[str], env: Mapping[str, str] | None = None) ->
         if not (takes_value or name in _SAME_SWITCHES or name in _DROPPED_SWITCHES):
             # Unknown here: with a value unless the next argument is another flag.
             takes_value = bool(has_inline) or bool(pending and not pending[-1].startswith("--"))
+        if name in _SAME_WITH_VALUES:
+            values = [inline] if has_inline else []
+            while pending and not pending[-1].startswith("--"):
+                values.append(pending.pop())
+            out.flags += [name, *values]
+            continue
         value = inline if has_inline else (pending.pop() if takes_value and pending else "")
         if name in _SAME_SWITCHES:
             out.flags.append(name)
@@ -96,17 +109,14 @@ def translate(vllm_args: Sequence[str], env: Mapping[str, str] | None = None) ->
     return out
 
 
-# The control run (vllm_control.py) gives vLLM the test's own arguments but these: LoRA
-# adapters are left out of the run (the adapter paths the fixtures get do not exist) and the
-# runner picks the listening address itself.
-_CONTROL_DROPPED_WITH_VALUE = frozenset(
-    {"--lora-modules", "--max-lora-rank", "--max-cpu-loras", "--port", "--host"}
-)
-_CONTROL_DROPPED_SWITCHES = frozenset({"--enable-lora"})
+# The control run (vllm_control.py) gives vLLM the test's own arguments but the listening
+# address, which the runner picks itself.
+_CONTROL_DROPPED_WITH_VALUE = frozenset({"--port", "--host"})
+_CONTROL_DROPPED_SWITCHES: frozenset[str] = frozenset()
 
 
 def control_args(vllm_args: Sequence[str]) -> list[str]:
-    """The test's serve arguments without the LoRA and listening-address ones."""
+    """The test's serve arguments without the listening-address ones."""
     kept: list[str] = []
     skip_value = False
     for arg in vllm_args:

@@ -5,28 +5,36 @@ adapter, and /v1/models' cards for them.
 
 Workers keep no list of adapters: every request carries its adapter's name and path
 (RequestMetadata.lora) and a worker loads it on first use. So an adapter loaded here reaches
-every worker, including those that join or restart later. The list itself is this gateway
+every worker, including those that join or restart later. A run-time load is first tried on
+every worker serving now (Worker.LoadLoraAdapter, vLLM's add_lora), as vLLM's server tries it
+on its engine, so a bad adapter is refused with vLLM's status and message. The list itself is this gateway
 process's, as vLLM's is its API server's: with several gateways (replicas, or
 --api-server-count) give adapters with --lora-modules, which every one of them reads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import grpc
+import grpc.aio
 from pydantic import BaseModel
 
 from cleave.common.v1 import common_pb2
+from cleave.worker.v1 import worker_pb2
 from libs.config.errors import ConfigError
 from libs.config.flags import Codec, flag
 from libs.gateway.common import errors
 
 # vLLM's switch for the run-time endpoints (vllm.envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING).
 RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# A worker reads the adapter from its file system and copies it into its engine.
+LOAD_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -134,9 +142,16 @@ class Adapters:
             for module in self._modules.values()
         ]
 
-    def load(self, body: LoadLoraAdapterRequest, served: str) -> str:
-        """/v1/load_lora_adapter: vLLM's checks and messages. The workers load the adapter
-        when a request first names it."""
+    async def load(self, body: LoadLoraAdapterRequest, served: str, workers: Sequence[Any]) -> str:
+        """/v1/load_lora_adapter: vLLM's checks and messages; the adapter is loaded on every
+        worker in `workers` (the pool's endpoints) before it is served."""
+        self.check_load(body, served)
+        await load_on_workers(workers, common_pb2.LoraAdapter(name=body.lora_name, path=body.lora_path))
+        self._modules[body.lora_name] = LoraModule(body.lora_name, body.lora_path)
+        return f"Success: LoRA adapter '{body.lora_name}' added successfully."
+
+    def check_load(self, body: LoadLoraAdapterRequest, served: str) -> None:
+        """vLLM's checks of a load request, before any engine is asked."""
         name, path = body.lora_name, body.lora_path
         if not name or not path:
             raise errors.ApiError(
@@ -157,8 +172,6 @@ class Adapters:
                 type_="InvalidUserInput",
                 code=400,
             )
-        self._modules[name] = LoraModule(name, path)
-        return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload(self, body: UnloadLoraAdapterRequest) -> str:
         name = body.lora_name
@@ -175,3 +188,29 @@ class Adapters:
             )
         del self._modules[name]
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+
+async def load_on_workers(workers: Sequence[Any], adapter: common_pb2.LoraAdapter) -> None:
+    """Loads the adapter on every healthy worker at once; the first refusal is the answer, in
+    vLLM's terms: no adapter at the path is its 404, an adapter the engine refuses its 500."""
+    healthy = [w for w in workers if w.healthy]
+    if not healthy:
+        raise errors.ApiError(503, "no worker is serving to load the adapter on", type_="service_unavailable")
+    request = worker_pb2.LoadLoraAdapterRequest(adapter=adapter)
+    calls = (w.stub.LoadLoraAdapter(request, timeout=LOAD_TIMEOUT_S) for w in healthy)
+    for outcome in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(outcome, grpc.aio.AioRpcError):
+            raise _load_refused(outcome) from outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+def _load_refused(error: grpc.aio.AioRpcError) -> errors.ApiError:
+    details = error.details() or error.code().name
+    if error.code() is grpc.StatusCode.NOT_FOUND:
+        return errors.ApiError(404, details, type_="NotFoundError", code=404)
+    if error.code() is grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.ApiError(500, details, type_="InternalServerError", code=500)
+    return errors.ApiError(
+        503, f"a worker could not load the adapter: {details}", type_="service_unavailable"
+    )

@@ -114,7 +114,7 @@ def create_app(context: ApiContext, edge: HttpEdge | None = None) -> FastAPI:
 
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(body: LoadLoraAdapterRequest) -> Response:
-            return Response(context.adapters.load(body, context.model.model))
+            return Response(await context.adapters.load(body, context.model.model, context.workers.endpoints))
 
         @app.post("/v1/unload_lora_adapter")
         async def unload_lora_adapter(body: UnloadLoraAdapterRequest) -> Response:

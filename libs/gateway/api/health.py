@@ -24,6 +24,10 @@ def models(facts: ModelFacts, adapters: Sequence[dict[str, Any]] = ()) -> dict[s
                 "object": "model",
                 "created": 0,
                 "owned_by": "cleave",
+                # vLLM's root is the model as `vllm serve` was given it; the gateway knows the
+                # name it serves (the same unless --served-model-name renames it).
+                "root": facts.model,
+                "parent": None,
                 "max_model_len": facts.max_model_len,
             },
             *adapters,

@@ -42,6 +42,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.released: list[tuple[str, dict[str, Any]]] = []
         self.calls: list[dict[str, Any]] = []
+        self.loaded_adapters: list[Adapter] = []
         self._stats = EngineStats()
         self.dead = False  # a test sets it: the engine's process "died"
         self.kv_cache_feed: KvCacheFeed | None = None  # a test sets one
@@ -49,6 +50,9 @@ class FakeEngine:
     @property
     def info(self) -> EngineInfo:
         return self._info
+
+    async def load_lora(self, adapter: Adapter) -> None:
+        self.loaded_adapters.append(adapter)
 
     async def generate(
         self,

@@ -365,6 +365,21 @@ async def test_an_adapter_on_a_worker_without_lora_or_without_a_path_is_the_clie
     assert engine.calls == []
 
 
+async def test_load_lora_adapter_loads_it_into_the_engine_only_where_lora_is_on() -> None:
+    adapter = common_pb2.LoraAdapter(name="sql", path="/adapters/sql")
+    serving, engine = make(Role.DECODE, enable_lora=True)
+    await serving.load_lora_adapter(worker_pb2.LoadLoraAdapterRequest(adapter=adapter))
+    assert engine.loaded_adapters == [Adapter("sql", "/adapters/sql")]
+    plain, plain_engine = make(Role.DECODE)
+    with pytest.raises(InvalidRequest, match="--enable-lora"):
+        await plain.load_lora_adapter(worker_pb2.LoadLoraAdapterRequest(adapter=adapter))
+    with pytest.raises(InvalidRequest, match="name and a path"):
+        await serving.load_lora_adapter(
+            worker_pb2.LoadLoraAdapterRequest(adapter=common_pb2.LoraAdapter(name="sql"))
+        )
+    assert plain_engine.loaded_adapters == []
+
+
 async def test_wait_engine_dead_returns_once_the_engine_has_died() -> None:
     service, engine = make(Role.BOTH)
     waiting = asyncio.create_task(service.wait_engine_dead(poll_s=0.01))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.lora.request import LoRARequest
 
+from libs.rpc.errors import NotFound
 from libs.worker.engine import Adapter
 from libs.worker.errors import InvalidRequest
 from libs.worker.vllm_lora import LoraAdapters
@@ -22,9 +24,13 @@ class Engine:
 
     async def add_lora(self, request: LoRARequest) -> bool:
         await asyncio.sleep(0.01)  # a load takes a while: concurrent first uses overlap
-        if request.lora_path in self.missing:
-            raise ValueError(
-                f"Loading lora {request.lora_name} failed: No adapter found for {request.lora_path}"
+        if request.lora_path in self.missing:  # as vLLM's engine-core client re-raises it
+            raise RuntimeError(
+                f"Call to add_lora method failed: {LoRAAdapterNotFoundError(request.lora_name, request.lora_path)}"
+            )
+        if request.lora_path == "/rank-1024":
+            raise RuntimeError(
+                "Call to add_lora method failed: LoRA rank 1024 is greater than max_lora_rank 8."
             )
         self.loaded.append(request)
         return True
@@ -46,11 +52,13 @@ async def test_each_adapter_is_loaded_once_with_its_own_id() -> None:
     assert await adapters.request_for(None) is None
 
 
-async def test_an_adapter_that_cannot_be_loaded_is_an_invalid_request_and_is_tried_again() -> None:
+async def test_an_adapter_that_cannot_be_loaded_is_the_clients_error_and_is_tried_again() -> None:
     engine = Engine(missing=frozenset({"/nowhere"}))
     adapters = LoraAdapters(engine.add_lora)
-    with pytest.raises(InvalidRequest, match="No adapter found for /nowhere"):
+    with pytest.raises(NotFound, match="Loading lora ghost failed: No adapter found for /nowhere"):
         await adapters.request_for(Adapter("ghost", "/nowhere"))
+    with pytest.raises(InvalidRequest, match="is greater than max_lora_rank"):
+        await adapters.request_for(Adapter("big", "/rank-1024"))
     engine.missing = frozenset()
     loaded = await adapters.request_for(Adapter("ghost", "/nowhere"))
     assert loaded is not None and loaded.lora_int_id == 1

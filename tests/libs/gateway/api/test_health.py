@@ -13,9 +13,20 @@ from libs.gateway.fleet.facts import ModelFacts
 from libs.gateway.fleet.pool import Endpoint
 
 
-def test_models_lists_the_served_model_with_its_context() -> None:
-    assert health_api.models(ModelFacts("smol", 2048))["data"] == [
-        {"id": "smol", "object": "model", "created": 0, "owned_by": "cleave", "max_model_len": 2048}
+def test_models_lists_the_served_model_with_its_context_then_its_adapters() -> None:
+    base = {
+        "id": "smol",
+        "object": "model",
+        "created": 0,
+        "owned_by": "cleave",
+        "root": "smol",
+        "parent": None,
+    }
+    assert health_api.models(ModelFacts("smol", 2048))["data"] == [{**base, "max_model_len": 2048}]
+    adapter = {"id": "sql", "parent": "smol"}
+    assert health_api.models(ModelFacts("smol", 2048), [adapter])["data"] == [
+        {**base, "max_model_len": 2048},
+        adapter,
     ]
 
 
