@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from libs.models.tiny_lora import write_adapter
 from libs.tokenization.tokenizer import Tokenizer, TokenizerConfig
 from tests.e2e.harness import Service, log_dir
-from tests.e2e.lora_adapter import write_adapter
 from tests.e2e.prompts import build_prompts, question, shared_prefix
 from tests.e2e.reference_commands import REFERENCE_PD_COMMAND
 from tests.e2e.reference_vllm import ReferenceRun
@@ -60,7 +60,7 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def lora_adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test LoRA adapter (lora_adapter.py), written once per test process."""
+    """The test LoRA adapter (libs/models/tiny_lora.py), written once per test process."""
     return write_adapter(tmp_path_factory.mktemp("lora") / "smol-lora", default_model_dir())
 
 

@@ -1,6 +1,6 @@
 """LoRA adapters through the real stacks (SmolLM2, float32) against vLLM's own LoRA serving.
 
-The test adapter (lora_adapter.py) is served as `smol-lora` by test_vllm_api's 1p1d and pd
+The test adapter (libs/models/tiny_lora.py) is served as `smol-lora` by test_vllm_api's 1p1d and pd
 stacks. A request naming it gets, token for token, the greedy output vLLM's offline `LLM`
 gives with the same adapter (LoRARequest), which is not the base model's; with 1p1d the
 prefill worker computes the prompt under the adapter and the decode worker continues under it.

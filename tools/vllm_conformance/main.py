@@ -9,7 +9,7 @@ below into a fresh folder, with a `tests/utils.py` whose `RemoteOpenAIServer` st
 Cleave local stack instead of `vllm serve` (shim/tests_utils.py, serve_args.py) and a conftest that
 points the tokenizers the tests build at the served model (shim/tests_conftest.py), then runs
 pytest there. Tests that exercise vLLM's classes in process, or need what Cleave does not
-serve (LoRA adapters, prompt embeddings, a tokenizer-less engine), are left out by name, each
+serve (prompt embeddings, a tokenizer-less engine), are left out by name, each
 with its reason in LEFT_OUT; tests that fail against vLLM's own server with the same model
 are deselected by id (deselected.py), or run marked xfail where they sample without a seed
 and deselecting them would change what the module's later tests draw (FAIL_ON_VLLM_TOO).
@@ -50,10 +50,12 @@ FILES = [
     "chat_completion/test_root_path.py",
     "test_return_token_ids.py",
     "test_return_tokens_as_ids.py",
+    # /v1/models and the run-time LoRA endpoints, with adapters for the runner's model.
+    "models/test_models.py",
+    "../serve/lora/test_lora_adapters.py",
 ]
 # pytest -k expressions -> why they are not run against Cleave.
 LEFT_OUT = {
-    "lora": "LoRA adapters: Cleave serves no adapters (requests naming one get a 404)",
     "kimi_k2": "Kimi-K2's tool-call id format: its parser and model are not loadable here",
     "test_load_prompt_embeds or test_disable_prompt_embeds": (
         "vLLM's prompt-embeds loader in process (no server): Cleave refuses prompt_embeds"
@@ -115,11 +117,12 @@ def prepare(vllm_root: Path, work: Path, files: list[str]) -> list[str]:
     paths = []
     for name in files:
         source = vllm_root / OPENAI_TESTS / name
-        target = work / OPENAI_TESTS / name
+        target = (work / OPENAI_TESTS / name).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)
-        (target.parent / "__init__.py").touch()
+        for package in target.relative_to(tests.resolve()).parents:  # every folder a package
+            (tests / package / "__init__.py").touch()
         shutil.copy(source, target)
-        paths.append(str(target.relative_to(work)))
+        paths.append(str(target.relative_to(work.resolve())))
     return paths
 
 

@@ -1,4 +1,5 @@
-"""A LoRA adapter for the test model, written by the tests: PEFT's on-disk format
+"""A LoRA adapter for a Llama-shaped model, written for tests (the e2e suites, the vLLM
+conformance runner's LoRA fixtures): PEFT's on-disk format
 (adapter_config.json, adapter_model.safetensors), rank 8 on every layer's q_proj and v_proj,
 fixed non-zero weights from a seeded generator. vLLM loads it as it loads one from peft's
 save_pretrained; v_proj changes the KV itself, so KV computed under the adapter is wrong for
