@@ -38,7 +38,10 @@ class LoraAdapters:
         async with self._locks.setdefault(adapter, asyncio.Lock()):
             if adapter in self._loaded:  # a request that waited on the lock
                 return self._loaded[adapter]
+            # Taken before the load is awaited, and never reused: vLLM's add_lora takes an id it
+            # already holds as loaded, so two adapters loading at once must not share one.
             request = LoRARequest(lora_name=adapter.name, lora_int_id=self._next_id, lora_path=adapter.path)
+            self._next_id += 1
             try:
                 await self._add_lora(request)
             except Exception as error:  # vLLM's message, as its server tells missing from refused
@@ -46,6 +49,5 @@ class LoraAdapters:
                 if not_found in str(error):
                     raise NotFound(not_found) from error
                 raise InvalidRequest(f"LoRA adapter {adapter.name!r} cannot be loaded: {error}") from error
-            self._next_id += 1
             self._loaded[adapter] = request
             return request

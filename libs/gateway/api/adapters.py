@@ -116,6 +116,7 @@ class Adapters:
     def __init__(self, modules: Sequence[LoraModule] = (), *, runtime_updates: bool = False) -> None:
         self._modules = {module.name: module for module in modules}
         self.runtime_updates = runtime_updates
+        self._locks: dict[str, asyncio.Lock] = {}  # one load or unload of a name at a time, as vLLM
 
     def resolve(self, requested: str | None, served: str) -> common_pb2.LoraAdapter | None:
         """The adapter a request's `model` names; None for the base model (or no name, as
@@ -145,9 +146,10 @@ class Adapters:
     async def load(self, body: LoadLoraAdapterRequest, served: str, workers: Sequence[Any]) -> str:
         """/v1/load_lora_adapter: vLLM's checks and messages; the adapter is loaded on every
         worker in `workers` (the pool's endpoints) before it is served."""
-        self.check_load(body, served)
-        await load_on_workers(workers, common_pb2.LoraAdapter(name=body.lora_name, path=body.lora_path))
-        self._modules[body.lora_name] = LoraModule(body.lora_name, body.lora_path)
+        async with self._locks.setdefault(body.lora_name, asyncio.Lock()):
+            self.check_load(body, served)
+            await load_on_workers(workers, common_pb2.LoraAdapter(name=body.lora_name, path=body.lora_path))
+            self._modules[body.lora_name] = LoraModule(body.lora_name, body.lora_path)
         return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
     def check_load(self, body: LoadLoraAdapterRequest, served: str) -> None:

@@ -52,6 +52,14 @@ async def test_each_adapter_is_loaded_once_with_its_own_id() -> None:
     assert await adapters.request_for(None) is None
 
 
+async def test_adapters_loading_at_once_get_ids_of_their_own() -> None:
+    engine = Engine()
+    adapters = LoraAdapters(engine.add_lora)
+    loaded = await asyncio.gather(*(adapters.request_for(Adapter(f"a{i}", f"/a/{i}")) for i in range(4)))
+    assert sorted(r.lora_int_id for r in loaded if r is not None) == [1, 2, 3, 4]
+    assert len({r.lora_int_id for r in engine.loaded}) == 4
+
+
 async def test_an_adapter_that_cannot_be_loaded_is_the_clients_error_and_is_tried_again() -> None:
     engine = Engine(missing=frozenset({"/nowhere"}))
     adapters = LoraAdapters(engine.add_lora)
@@ -61,4 +69,4 @@ async def test_an_adapter_that_cannot_be_loaded_is_the_clients_error_and_is_trie
         await adapters.request_for(Adapter("big", "/rank-1024"))
     engine.missing = frozenset()
     loaded = await adapters.request_for(Adapter("ghost", "/nowhere"))
-    assert loaded is not None and loaded.lora_int_id == 1
+    assert loaded is not None and loaded.lora_int_id == 3  # an id a failed load took is not reused
