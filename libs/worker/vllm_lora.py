@@ -48,6 +48,6 @@ class LoraAdapters:
                 not_found = str(LoRAAdapterNotFoundError(adapter.name, adapter.path))
                 if not_found in str(error):
                     raise NotFound(not_found) from error
-                raise InvalidRequest(f"LoRA adapter {adapter.name!r} cannot be loaded: {error}") from error
+                raise InvalidRequest(str(error)) from error
             self._loaded[adapter] = request
             return request
