@@ -11,14 +11,12 @@ from typing import Any
 
 import structlog
 from vllm import SamplingParams
-from vllm.config import KVEventsConfig, StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
 from vllm.logger import configure_logging_if_needed
 from vllm.lora.request import LoRARequest
 from vllm.renderers import renderer_from_config
-from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.transformers_utils.config import maybe_register_config_serialize_by_value
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine import EngineCoreRequest
@@ -35,13 +33,13 @@ from libs.kvlayout.from_vllm import engine_kv_facts
 from libs.worker.engine import Adapter, EngineInfo, EngineStats, EngineStep, SchedulerLimits, SequenceDelta
 from libs.worker.errors import EngineUnavailable, InvalidRequest
 from libs.worker.kv_cache_feed import KvCacheFeed
-from libs.worker.sampling import BAD_WORDS_TOKEN_IDS
 from libs.worker.vllm_grammar_prefix import GRAMMAR_PREFIX, scheduler_for
 from libs.worker.vllm_kv_events import EventReader, block_hasher, events_config, private_endpoint
 from libs.worker.vllm_lora import LoraAdapters
 from libs.worker.vllm_moved_penalties import PROCESSOR as MOVED_PENALTIES_PROCESSOR
 from libs.worker.vllm_moved_penalties import moved_penalties
 from libs.worker.vllm_outputs import OutputRouter, RequestStream
+from libs.worker.vllm_params import engine_args, remote_cached_tokens, sampling_params
 from libs.worker.vllm_stats import CapturingStatLogger
 
 log = structlog.get_logger(__name__)
@@ -117,7 +115,7 @@ class VllmEngine:
     ) -> AsyncIterator[EngineStep]:
         if self.dead:
             raise EngineUnavailable("the engine died; this worker cannot serve until restarted")
-        params = _sampling_params(sampling, kv_transfer_params)
+        params = sampling_params(sampling, kv_transfer_params)
         lora_request = await self._adapters.request_for(lora)
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
         if cache_salt:
@@ -137,7 +135,7 @@ class VllmEngine:
         stream = RequestStream(
             prompt_len=len(prompt_token_ids) if sequences else len(first.prompt_token_ids or ()),
             num_sequences=len(requests),
-            remote_cached_tokens=_remote_cached_tokens(kv_transfer_params),
+            remote_cached_tokens=remote_cached_tokens(kv_transfer_params),
             expanded_prompt=tuple(first.prompt_token_ids or ()) if (image_embeddings or images) else None,
         )
         ids = [request.request_id for _, request in requests]
@@ -335,58 +333,10 @@ class _Parts:
         self.client.shutdown(timeout=timeout)
 
 
-def _sampling_params(sampling: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> SamplingParams:
-    sampling = dict(sampling)
-    bad_words = sampling.pop(BAD_WORDS_TOKEN_IDS, None)
-    # The client's vllm_xargs, plus the handoff (vLLM's own OpenAI server merges them alike).
-    extra_args = dict(sampling.pop("extra_args", None) or {})
-    if kv_transfer_params:
-        extra_args["kv_transfer_params"] = kv_transfer_params
-    # vLLM's request checks raise VLLMClientError (VLLMValidationError), which is not a
-    # ValueError; SamplingParams itself may still raise ValueError/TypeError. All of them
-    # are the client's mistake, never the worker's.
-    try:
-        if sampling.get("structured_outputs") is not None:
-            sampling = {
-                **sampling,
-                "structured_outputs": StructuredOutputsParams(**sampling["structured_outputs"]),
-            }
-        params = SamplingParams(
-            output_kind=RequestOutputKind.DELTA, extra_args=extra_args or None, **sampling
-        )
-    except (ValueError, TypeError, VLLMClientError) as error:
-        raise InvalidRequest(str(error)) from error
-    if bad_words:
-        # What SamplingParams.update_from_tokenizer would set from `bad_words`.
-        params._bad_words_token_ids = bad_words
-    return params
-
-
-def _remote_cached_tokens(kv_transfer_params: dict[str, Any] | None) -> int | None:
-    """On a decode worker, the prefill's cached prompt tokens count as this request's (vLLM's
-    output processor reports them so)."""
-    if kv_transfer_params and kv_transfer_params.get("do_remote_prefill"):
-        cached = kv_transfer_params.get("remote_prefill_cached_tokens")
-        if isinstance(cached, int):
-            return cached
-    return None
-
-
 def _failure(error: BaseException) -> Exception:
     if isinstance(error, EngineDeadError):
         return EngineUnavailable("the engine died; this worker cannot serve until restarted")
     return EngineUnavailable(f"the engine's output stream failed: {error!r}")
-
-
-def engine_args(engine_kwargs: dict[str, Any]) -> AsyncEngineArgs:
-    # AsyncEngineArgs takes config objects (vLLM's CLI parser builds them from the JSON).
-    structured = engine_kwargs.get("structured_outputs_config")
-    if isinstance(structured, dict):
-        engine_kwargs = {**engine_kwargs, "structured_outputs_config": StructuredOutputsConfig(**structured)}
-    events = engine_kwargs.get("kv_events_config")
-    if isinstance(events, dict):
-        engine_kwargs = {**engine_kwargs, "kv_events_config": KVEventsConfig(**events)}
-    return AsyncEngineArgs(**engine_kwargs)
 
 
 def _engine_info(config: Any) -> EngineInfo:

@@ -15,7 +15,8 @@ from vllm.sampling_params import StructuredOutputsParams
 from cleave.common.v1 import common_pb2
 from libs.worker.errors import InvalidRequest
 from libs.worker.sampling import sampling_kwargs
-from libs.worker.vllm_engine import VllmEngine, engine_args
+from libs.worker.vllm_engine import VllmEngine
+from libs.worker.vllm_params import engine_args
 
 pytestmark = pytest.mark.anyio
 
