@@ -1,5 +1,6 @@
 """A worker's gRPC failure or Error message as the client's OpenAI error (fault attribution:
-INVALID_ARGUMENT is the client's 400, RESOURCE_EXHAUSTED a 429, UNAVAILABLE a 503)."""
+INVALID_ARGUMENT is the client's 400, NOT_FOUND its 404 (a LoRA adapter no worker finds at its
+path: vLLM's LoRAAdapterNotFoundError), RESOURCE_EXHAUSTED a 429, UNAVAILABLE a 503)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def api_error(error: grpc.aio.AioRpcError) -> errors.ApiError:
     details = error.details() or error.code().name
     if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return errors.invalid(details)
+    if error.code() == grpc.StatusCode.NOT_FOUND:
+        return errors.ApiError(404, details, type_="NotFoundError", code=404)
     if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.overloaded()
     if error.code() == grpc.StatusCode.UNAVAILABLE:
